@@ -1,0 +1,194 @@
+/*
+ * ln_avx2.c - AVX2 + F16C kernels.
+ *
+ * The LN_LANES = 32 double lanes live in eight ymm registers of four lanes
+ * each. Whole blocks of 32 elements run in SIMD; the last partial block is
+ * added lane by lane in scalar code on the stored lanes, which is the same
+ * operation on the same lane as in the scalar kernel.
+ */
+#include "layernorm.h"
+
+#if defined(LN_HAVE_X86_KERNELS)
+#include <immintrin.h>
+
+#define TARGET __attribute__((target("avx2,f16c")))
+
+#define NREG (LN_LANES / 4)
+
+TARGET static inline void zero_lanes(__m256d a[NREG])
+{
+    for (size_t g = 0; g < NREG; g++)
+        a[g] = _mm256_setzero_pd();
+}
+
+TARGET static inline void store_lanes(const __m256d a[NREG],
+                                      double lanes[LN_LANES])
+{
+    for (size_t g = 0; g < NREG; g++)
+        _mm256_storeu_pd(lanes + 4 * g, a[g]);
+}
+
+/* One block of 32 floats widened to eight vectors of four doubles. */
+TARGET static inline void load32_f32(const float *x, __m256d v[NREG])
+{
+    for (size_t g = 0; g < NREG; g += 2) {
+        __m256 f = _mm256_loadu_ps(x + 4 * g);
+        v[g] = _mm256_cvtps_pd(_mm256_castps256_ps128(f));
+        v[g + 1] = _mm256_cvtps_pd(_mm256_extractf128_ps(f, 1));
+    }
+}
+
+TARGET static double sum_f32(const float *x, size_t d)
+{
+    __m256d a[NREG], v[NREG];
+    double lanes[LN_LANES];
+    size_t i = 0;
+    zero_lanes(a);
+    for (; i + LN_LANES <= d; i += LN_LANES) {
+        load32_f32(x + i, v);
+        for (size_t g = 0; g < NREG; g++)
+            a[g] = _mm256_add_pd(a[g], v[g]);
+    }
+    store_lanes(a, lanes);
+    for (size_t j = 0; i + j < d; j++)
+        lanes[j] += (double)x[i + j];
+    return ln_tree_sum(lanes);
+}
+
+TARGET static double sum_f64(const double *x, size_t d)
+{
+    __m256d a[NREG];
+    double lanes[LN_LANES];
+    size_t i = 0;
+    zero_lanes(a);
+    for (; i + LN_LANES <= d; i += LN_LANES)
+        for (size_t g = 0; g < NREG; g++)
+            a[g] = _mm256_add_pd(a[g], _mm256_loadu_pd(x + i + 4 * g));
+    store_lanes(a, lanes);
+    for (size_t j = 0; i + j < d; j++)
+        lanes[j] += x[i + j];
+    return ln_tree_sum(lanes);
+}
+
+TARGET static double sumsq_f32(const float *x, size_t d, double mean)
+{
+    __m256d a[NREG], v[NREG];
+    __m256d m = _mm256_set1_pd(mean);
+    double lanes[LN_LANES];
+    size_t i = 0;
+    zero_lanes(a);
+    for (; i + LN_LANES <= d; i += LN_LANES) {
+        load32_f32(x + i, v);
+        for (size_t g = 0; g < NREG; g++) {
+            __m256d t = _mm256_sub_pd(v[g], m);
+            a[g] = _mm256_add_pd(a[g], _mm256_mul_pd(t, t));
+        }
+    }
+    store_lanes(a, lanes);
+    for (size_t j = 0; i + j < d; j++) {
+        double t = (double)x[i + j] - mean;
+        lanes[j] += t * t;
+    }
+    return ln_tree_sum(lanes);
+}
+
+TARGET static double sumsq_f64(const double *x, size_t d, double mean)
+{
+    __m256d a[NREG];
+    __m256d m = _mm256_set1_pd(mean);
+    double lanes[LN_LANES];
+    size_t i = 0;
+    zero_lanes(a);
+    for (; i + LN_LANES <= d; i += LN_LANES)
+        for (size_t g = 0; g < NREG; g++) {
+            __m256d t = _mm256_sub_pd(_mm256_loadu_pd(x + i + 4 * g), m);
+            a[g] = _mm256_add_pd(a[g], _mm256_mul_pd(t, t));
+        }
+    store_lanes(a, lanes);
+    for (size_t j = 0; i + j < d; j++) {
+        double t = x[i + j] - mean;
+        lanes[j] += t * t;
+    }
+    return ln_tree_sum(lanes);
+}
+
+TARGET static void apply_f32(const float *x, float *y, size_t d, float mu_hi,
+                             float mu_lo, float rstd, const float *w,
+                             const float *b)
+{
+    __m256 hi = _mm256_set1_ps(mu_hi), lo = _mm256_set1_ps(mu_lo);
+    __m256 r = _mm256_set1_ps(rstd);
+    size_t i = 0;
+    for (; i + 8 <= d; i += 8) {
+        __m256 v = _mm256_loadu_ps(x + i);
+        v = _mm256_mul_ps(_mm256_sub_ps(_mm256_sub_ps(v, hi), lo), r);
+        if (w)
+            v = _mm256_mul_ps(v, _mm256_loadu_ps(w + i));
+        if (b)
+            v = _mm256_add_ps(v, _mm256_loadu_ps(b + i));
+        _mm256_storeu_ps(y + i, v);
+    }
+    for (; i < d; i++) {
+        float v = ((x[i] - mu_hi) - mu_lo) * rstd;
+        if (w)
+            v = v * w[i];
+        if (b)
+            v = v + b[i];
+        y[i] = v;
+    }
+}
+
+TARGET static void apply_f64(const double *x, double *y, size_t d,
+                             double mean, double rstd, const double *w,
+                             const double *b)
+{
+    __m256d mu = _mm256_set1_pd(mean), r = _mm256_set1_pd(rstd);
+    size_t i = 0;
+    for (; i + 4 <= d; i += 4) {
+        __m256d v = _mm256_mul_pd(_mm256_sub_pd(_mm256_loadu_pd(x + i), mu), r);
+        if (w)
+            v = _mm256_mul_pd(v, _mm256_loadu_pd(w + i));
+        if (b)
+            v = _mm256_add_pd(v, _mm256_loadu_pd(b + i));
+        _mm256_storeu_pd(y + i, v);
+    }
+    for (; i < d; i++) {
+        double v = (x[i] - mean) * rstd;
+        if (w)
+            v = v * w[i];
+        if (b)
+            v = v + b[i];
+        y[i] = v;
+    }
+}
+
+TARGET static void half_to_float(const uint16_t *src, float *dst, size_t n)
+{
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m128i h = _mm_loadu_si128((const __m128i *)(src + i));
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(h));
+    }
+    for (; i < n; i++)
+        dst[i] = ln_half_to_float(src[i]);
+}
+
+TARGET static void float_to_half(const float *src, uint16_t *dst, size_t n)
+{
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(src + i),
+                                    _MM_FROUND_TO_NEAREST_INT |
+                                        _MM_FROUND_NO_EXC);
+        _mm_storeu_si128((__m128i *)(dst + i), h);
+    }
+    for (; i < n; i++)
+        dst[i] = ln_float_to_half(src[i]);
+}
+
+const ln_kernels ln_kernels_avx2 = {
+    "avx2",    sum_f32,   sum_f64,       sumsq_f32,    sumsq_f64,
+    apply_f32, apply_f64, half_to_float, float_to_half,
+};
+
+#endif /* LN_HAVE_X86_KERNELS */

@@ -1,0 +1,197 @@
+/*
+ * ln_avx512.c - AVX-512F kernels.
+ *
+ * The LN_LANES = 32 double lanes live in four zmm registers (lanes 0-7,
+ * 8-15, 16-23, 24-31), so each lane sees exactly the additions of the
+ * scalar kernel in the same order. Tails use masked loads: a masked-out
+ * lane adds +0.0, which leaves a lane unchanged (lanes are never -0.0).
+ * Multiplies and adds stay separate instructions (built with
+ * -ffp-contract=off), as in the scalar kernel.
+ */
+#include "layernorm.h"
+
+#if defined(LN_HAVE_X86_KERNELS)
+#include <immintrin.h>
+
+#define TARGET __attribute__((target("avx512f")))
+
+/* Mask of the first n of 16 lanes. */
+static inline __mmask16 first16(size_t n)
+{
+    return n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1);
+}
+
+static inline __mmask8 first8(size_t n)
+{
+    return n >= 8 ? (__mmask8)0xff : (__mmask8)((1u << n) - 1);
+}
+
+TARGET static inline double reduce4(__m512d a0, __m512d a1, __m512d a2,
+                                    __m512d a3)
+{
+    double lanes[LN_LANES];
+    _mm512_storeu_pd(lanes, a0);
+    _mm512_storeu_pd(lanes + 8, a1);
+    _mm512_storeu_pd(lanes + 16, a2);
+    _mm512_storeu_pd(lanes + 24, a3);
+    return ln_tree_sum(lanes);
+}
+
+/* Widen up to 32 floats (n of them, the rest zero) into 4x8 doubles. */
+TARGET static inline void load32_f32(const float *x, size_t n, __m512d v[4])
+{
+    __m512 lo = _mm512_maskz_loadu_ps(first16(n), x);
+    __m512 hi = _mm512_setzero_ps();
+    if (n > 16)
+        hi = _mm512_maskz_loadu_ps(first16(n - 16), x + 16);
+    v[0] = _mm512_cvtps_pd(_mm512_castps512_ps256(lo));
+    v[1] = _mm512_cvtps_pd(
+        _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(lo), 1)));
+    v[2] = _mm512_cvtps_pd(_mm512_castps512_ps256(hi));
+    v[3] = _mm512_cvtps_pd(
+        _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(hi), 1)));
+}
+
+TARGET static inline void load32_f64(const double *x, size_t n, __m512d v[4])
+{
+    for (size_t g = 0; g < 4; g++) {
+        size_t have = n > 8 * g ? n - 8 * g : 0;
+        v[g] = have ? _mm512_maskz_loadu_pd(first8(have), x + 8 * g)
+                    : _mm512_setzero_pd();
+    }
+}
+
+/* Lane mask of group g (8 lanes) when only n of 32 are valid. */
+static inline __mmask8 group_mask(size_t n, size_t g)
+{
+    return n > 8 * g ? first8(n - 8 * g) : (__mmask8)0;
+}
+
+TARGET static double sum_f32(const float *x, size_t d)
+{
+    __m512d a[4] = {_mm512_setzero_pd(), _mm512_setzero_pd(),
+                    _mm512_setzero_pd(), _mm512_setzero_pd()};
+    for (size_t i = 0; i < d; i += LN_LANES) {
+        __m512d v[4];
+        load32_f32(x + i, d - i, v);
+        for (size_t g = 0; g < 4; g++)
+            a[g] = _mm512_add_pd(a[g], v[g]);
+    }
+    return reduce4(a[0], a[1], a[2], a[3]);
+}
+
+TARGET static double sum_f64(const double *x, size_t d)
+{
+    __m512d a[4] = {_mm512_setzero_pd(), _mm512_setzero_pd(),
+                    _mm512_setzero_pd(), _mm512_setzero_pd()};
+    for (size_t i = 0; i < d; i += LN_LANES) {
+        __m512d v[4];
+        load32_f64(x + i, d - i, v);
+        for (size_t g = 0; g < 4; g++)
+            a[g] = _mm512_add_pd(a[g], v[g]);
+    }
+    return reduce4(a[0], a[1], a[2], a[3]);
+}
+
+/* (x - mean)^2 for the valid lanes; +0.0 for the rest. */
+TARGET static inline void add_squares(__m512d a[4], const __m512d v[4],
+                                      __m512d mean, size_t n)
+{
+    for (size_t g = 0; g < 4; g++) {
+        __m512d t = _mm512_sub_pd(v[g], mean);
+        __m512d sq = _mm512_maskz_mul_pd(group_mask(n, g), t, t);
+        a[g] = _mm512_add_pd(a[g], sq);
+    }
+}
+
+TARGET static double sumsq_f32(const float *x, size_t d, double mean)
+{
+    __m512d a[4] = {_mm512_setzero_pd(), _mm512_setzero_pd(),
+                    _mm512_setzero_pd(), _mm512_setzero_pd()};
+    __m512d m = _mm512_set1_pd(mean);
+    for (size_t i = 0; i < d; i += LN_LANES) {
+        __m512d v[4];
+        load32_f32(x + i, d - i, v);
+        add_squares(a, v, m, d - i);
+    }
+    return reduce4(a[0], a[1], a[2], a[3]);
+}
+
+TARGET static double sumsq_f64(const double *x, size_t d, double mean)
+{
+    __m512d a[4] = {_mm512_setzero_pd(), _mm512_setzero_pd(),
+                    _mm512_setzero_pd(), _mm512_setzero_pd()};
+    __m512d m = _mm512_set1_pd(mean);
+    for (size_t i = 0; i < d; i += LN_LANES) {
+        __m512d v[4];
+        load32_f64(x + i, d - i, v);
+        add_squares(a, v, m, d - i);
+    }
+    return reduce4(a[0], a[1], a[2], a[3]);
+}
+
+TARGET static void apply_f32(const float *x, float *y, size_t d, float mu_hi,
+                             float mu_lo, float rstd, const float *w,
+                             const float *b)
+{
+    __m512 hi = _mm512_set1_ps(mu_hi), lo = _mm512_set1_ps(mu_lo);
+    __m512 r = _mm512_set1_ps(rstd);
+    for (size_t i = 0; i < d; i += 16) {
+        __mmask16 m = first16(d - i);
+        __m512 v = _mm512_maskz_loadu_ps(m, x + i);
+        v = _mm512_mul_ps(_mm512_sub_ps(_mm512_sub_ps(v, hi), lo), r);
+        if (w)
+            v = _mm512_mul_ps(v, _mm512_maskz_loadu_ps(m, w + i));
+        if (b)
+            v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, b + i));
+        _mm512_mask_storeu_ps(y + i, m, v);
+    }
+}
+
+TARGET static void apply_f64(const double *x, double *y, size_t d,
+                             double mean, double rstd, const double *w,
+                             const double *b)
+{
+    __m512d mu = _mm512_set1_pd(mean), r = _mm512_set1_pd(rstd);
+    for (size_t i = 0; i < d; i += 8) {
+        __mmask8 m = first8(d - i);
+        __m512d v = _mm512_maskz_loadu_pd(m, x + i);
+        v = _mm512_mul_pd(_mm512_sub_pd(v, mu), r);
+        if (w)
+            v = _mm512_mul_pd(v, _mm512_maskz_loadu_pd(m, w + i));
+        if (b)
+            v = _mm512_add_pd(v, _mm512_maskz_loadu_pd(m, b + i));
+        _mm512_mask_storeu_pd(y + i, m, v);
+    }
+}
+
+TARGET static void half_to_float(const uint16_t *src, float *dst, size_t n)
+{
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256i h = _mm256_loadu_si256((const __m256i *)(src + i));
+        _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(h));
+    }
+    for (; i < n; i++)
+        dst[i] = ln_half_to_float(src[i]);
+}
+
+TARGET static void float_to_half(const float *src, uint16_t *dst, size_t n)
+{
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256i h = _mm512_cvtps_ph(_mm512_loadu_ps(src + i),
+                                    _MM_FROUND_TO_NEAREST_INT |
+                                        _MM_FROUND_NO_EXC);
+        _mm256_storeu_si256((__m256i *)(dst + i), h);
+    }
+    for (; i < n; i++)
+        dst[i] = ln_float_to_half(src[i]);
+}
+
+const ln_kernels ln_kernels_avx512 = {
+    "avx512",  sum_f32,   sum_f64,       sumsq_f32,    sumsq_f64,
+    apply_f32, apply_f64, half_to_float, float_to_half,
+};
+
+#endif /* LN_HAVE_X86_KERNELS */

@@ -1,0 +1,36 @@
+"""layernorm_c: Layer Normalization over NumPy arrays, with a C core.
+
+>>> import numpy as np, layernorm_c as lnc
+>>> y = lnc.layer_norm(np.random.rand(8, 768).astype(np.float32))
+
+Conventions: population variance (divided by d), eps inside the square
+root, optional gain (``weight``) and bias of the normalized shape (2d
+parameters with both; either may be absent).
+"""
+from ._api import LayerNormResult, layer_norm, layer_norm_ufunc
+from ._reference import ReferenceResult, reference_layer_norm
+from ._settings import (
+    get_isa,
+    get_num_threads,
+    set_isa,
+    set_num_threads,
+    supported_isas,
+    thread_threshold,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "layer_norm",
+    "layer_norm_ufunc",
+    "LayerNormResult",
+    "reference_layer_norm",
+    "ReferenceResult",
+    "get_isa",
+    "set_isa",
+    "supported_isas",
+    "get_num_threads",
+    "set_num_threads",
+    "thread_threshold",
+    "__version__",
+]

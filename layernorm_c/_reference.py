@@ -1,0 +1,70 @@
+"""A plain NumPy LayerNorm in float64: the oracle the C core is tested against.
+
+It follows the textbook definition step by step (two-pass centered variance,
+population variance, eps inside the square root) and favours clarity over
+speed, like bottleneck's ``bn.slow`` functions.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple, Optional, Sequence, Union
+
+import numpy as np
+
+Axis = Union[int, Sequence[int]]
+
+
+class ReferenceResult(NamedTuple):
+    y: np.ndarray
+    mean: np.ndarray
+    var: np.ndarray
+
+
+def reference_layer_norm(
+    x,
+    weight=None,
+    bias=None,
+    eps: float = 1e-5,
+    axis: Axis = -1,
+) -> ReferenceResult:
+    """Layer normalization computed in float64 with NumPy.
+
+    Parameters
+    ----------
+    x : array_like
+        Input, at least 1-d. Converted to float64.
+    weight, bias : array_like, optional
+        Gain and bias, shaped like the normalized axes. ``None`` means a
+        gain of 1 and a bias of 0.
+    eps : float, optional
+        Added to the variance inside the square root.
+    axis : int or tuple of ints, optional
+        The axis (or axes, jointly) to normalize over. Default -1.
+
+    Returns
+    -------
+    ReferenceResult
+        ``(y, mean, var)`` in float64; mean and var have the normalized
+        axes removed. The variance is the population variance (divided by
+        the number of features) and does not include eps.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    axes = (axis,) if np.ndim(axis) == 0 else tuple(axis)
+    axes = tuple(sorted(a % x.ndim for a in axes))
+    mean = x.mean(axis=axes, keepdims=True)
+    centered = x - mean
+    var = (centered * centered).mean(axis=axes, keepdims=True)
+    y = centered / np.sqrt(var + eps)
+    param_shape = [1] * x.ndim
+    for a in axes:
+        param_shape[a] = x.shape[a]
+    if weight is not None:
+        y = y * np.asarray(weight, dtype=np.float64).reshape(param_shape)
+    if bias is not None:
+        y = y + np.asarray(bias, dtype=np.float64).reshape(param_shape)
+    return ReferenceResult(y, np.squeeze(mean, axes), np.squeeze(var, axes))
+
+
+def reference_y(x, weight=None, bias=None, eps: float = 1e-5,
+                axis: Optional[Axis] = -1) -> np.ndarray:
+    """Only the normalized output of :func:`reference_layer_norm`."""
+    return reference_layer_norm(x, weight, bias, eps, axis).y
