@@ -37,13 +37,9 @@ TARGET static inline double reduce4(__m512d a0, __m512d a1, __m512d a2,
     return ln_tree_sum(lanes);
 }
 
-/* Widen up to 32 floats (n of them, the rest zero) into 4x8 doubles. */
-TARGET static inline void load32_f32(const float *x, size_t n, __m512d v[4])
+/* Widen 32 floats into 4x8 doubles (lanes 0-7, 8-15, 16-23, 24-31). */
+TARGET static inline void widen32(__m512 lo, __m512 hi, __m512d v[4])
 {
-    __m512 lo = _mm512_maskz_loadu_ps(first16(n), x);
-    __m512 hi = _mm512_setzero_ps();
-    if (n > 16)
-        hi = _mm512_maskz_loadu_ps(first16(n - 16), x + 16);
     v[0] = _mm512_cvtps_pd(_mm512_castps512_ps256(lo));
     v[1] = _mm512_cvtps_pd(
         _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(lo), 1)));
@@ -52,7 +48,19 @@ TARGET static inline void load32_f32(const float *x, size_t n, __m512d v[4])
         _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(hi), 1)));
 }
 
-TARGET static inline void load32_f64(const double *x, size_t n, __m512d v[4])
+/* The last n < 32 floats, zero-filled past n (masked: nothing past the
+ * end is read). */
+TARGET static inline void load_tail_f32(const float *x, size_t n, __m512d v[4])
+{
+    __m512 lo = _mm512_maskz_loadu_ps(first16(n), x);
+    __m512 hi = _mm512_setzero_ps();
+    if (n > 16)
+        hi = _mm512_maskz_loadu_ps(first16(n - 16), x + 16);
+    widen32(lo, hi, v);
+}
+
+TARGET static inline void load_tail_f64(const double *x, size_t n,
+                                        __m512d v[4])
 {
     for (size_t g = 0; g < 4; g++) {
         size_t have = n > 8 * g ? n - 8 * g : 0;
@@ -67,33 +75,13 @@ static inline __mmask8 group_mask(size_t n, size_t g)
     return n > 8 * g ? first8(n - 8 * g) : (__mmask8)0;
 }
 
-TARGET static double sum_f32(const float *x, size_t d)
+TARGET static inline void add4(__m512d a[4], const __m512d v[4])
 {
-    __m512d a[4] = {_mm512_setzero_pd(), _mm512_setzero_pd(),
-                    _mm512_setzero_pd(), _mm512_setzero_pd()};
-    for (size_t i = 0; i < d; i += LN_LANES) {
-        __m512d v[4];
-        load32_f32(x + i, d - i, v);
-        for (size_t g = 0; g < 4; g++)
-            a[g] = _mm512_add_pd(a[g], v[g]);
-    }
-    return reduce4(a[0], a[1], a[2], a[3]);
+    for (size_t g = 0; g < 4; g++)
+        a[g] = _mm512_add_pd(a[g], v[g]);
 }
 
-TARGET static double sum_f64(const double *x, size_t d)
-{
-    __m512d a[4] = {_mm512_setzero_pd(), _mm512_setzero_pd(),
-                    _mm512_setzero_pd(), _mm512_setzero_pd()};
-    for (size_t i = 0; i < d; i += LN_LANES) {
-        __m512d v[4];
-        load32_f64(x + i, d - i, v);
-        for (size_t g = 0; g < 4; g++)
-            a[g] = _mm512_add_pd(a[g], v[g]);
-    }
-    return reduce4(a[0], a[1], a[2], a[3]);
-}
-
-/* (x - mean)^2 for the valid lanes; +0.0 for the rest. */
+/* a += (v - mean)^2 on the lanes of mask; +0.0 on the others. */
 TARGET static inline void add_squares(__m512d a[4], const __m512d v[4],
                                       __m512d mean, size_t n)
 {
@@ -104,14 +92,53 @@ TARGET static inline void add_squares(__m512d a[4], const __m512d v[4],
     }
 }
 
+TARGET static double sum_f32(const float *x, size_t d)
+{
+    __m512d a[4] = {_mm512_setzero_pd(), _mm512_setzero_pd(),
+                    _mm512_setzero_pd(), _mm512_setzero_pd()};
+    __m512d v[4];
+    size_t i = 0;
+    for (; i + LN_LANES <= d; i += LN_LANES) {
+        widen32(_mm512_loadu_ps(x + i), _mm512_loadu_ps(x + i + 16), v);
+        add4(a, v);
+    }
+    if (i < d) {
+        load_tail_f32(x + i, d - i, v);
+        add4(a, v);
+    }
+    return reduce4(a[0], a[1], a[2], a[3]);
+}
+
+TARGET static double sum_f64(const double *x, size_t d)
+{
+    __m512d a[4] = {_mm512_setzero_pd(), _mm512_setzero_pd(),
+                    _mm512_setzero_pd(), _mm512_setzero_pd()};
+    __m512d v[4];
+    size_t i = 0;
+    for (; i + LN_LANES <= d; i += LN_LANES) {
+        for (size_t g = 0; g < 4; g++)
+            v[g] = _mm512_loadu_pd(x + i + 8 * g);
+        add4(a, v);
+    }
+    if (i < d) {
+        load_tail_f64(x + i, d - i, v);
+        add4(a, v);
+    }
+    return reduce4(a[0], a[1], a[2], a[3]);
+}
+
 TARGET static double sumsq_f32(const float *x, size_t d, double mean)
 {
     __m512d a[4] = {_mm512_setzero_pd(), _mm512_setzero_pd(),
                     _mm512_setzero_pd(), _mm512_setzero_pd()};
-    __m512d m = _mm512_set1_pd(mean);
-    for (size_t i = 0; i < d; i += LN_LANES) {
-        __m512d v[4];
-        load32_f32(x + i, d - i, v);
+    __m512d m = _mm512_set1_pd(mean), v[4];
+    size_t i = 0;
+    for (; i + LN_LANES <= d; i += LN_LANES) {
+        widen32(_mm512_loadu_ps(x + i), _mm512_loadu_ps(x + i + 16), v);
+        add_squares(a, v, m, LN_LANES);
+    }
+    if (i < d) {
+        load_tail_f32(x + i, d - i, v);
         add_squares(a, v, m, d - i);
     }
     return reduce4(a[0], a[1], a[2], a[3]);
@@ -121,13 +148,31 @@ TARGET static double sumsq_f64(const double *x, size_t d, double mean)
 {
     __m512d a[4] = {_mm512_setzero_pd(), _mm512_setzero_pd(),
                     _mm512_setzero_pd(), _mm512_setzero_pd()};
-    __m512d m = _mm512_set1_pd(mean);
-    for (size_t i = 0; i < d; i += LN_LANES) {
-        __m512d v[4];
-        load32_f64(x + i, d - i, v);
+    __m512d m = _mm512_set1_pd(mean), v[4];
+    size_t i = 0;
+    for (; i + LN_LANES <= d; i += LN_LANES) {
+        for (size_t g = 0; g < 4; g++)
+            v[g] = _mm512_loadu_pd(x + i + 8 * g);
+        add_squares(a, v, m, LN_LANES);
+    }
+    if (i < d) {
+        load_tail_f64(x + i, d - i, v);
         add_squares(a, v, m, d - i);
     }
     return reduce4(a[0], a[1], a[2], a[3]);
+}
+
+/* ((x - mu_hi) - mu_lo) * rstd [* w] [+ b] on 16 floats of lanes m. */
+TARGET static inline __m512 norm16_f32(__m512 v, __m512 hi, __m512 lo,
+                                       __m512 r, const float *w,
+                                       const float *b, __mmask16 m)
+{
+    v = _mm512_mul_ps(_mm512_sub_ps(_mm512_sub_ps(v, hi), lo), r);
+    if (w)
+        v = _mm512_mul_ps(v, _mm512_maskz_loadu_ps(m, w));
+    if (b)
+        v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, b));
+    return v;
 }
 
 TARGET static void apply_f32(const float *x, float *y, size_t d, float mu_hi,
@@ -136,16 +181,31 @@ TARGET static void apply_f32(const float *x, float *y, size_t d, float mu_hi,
 {
     __m512 hi = _mm512_set1_ps(mu_hi), lo = _mm512_set1_ps(mu_lo);
     __m512 r = _mm512_set1_ps(rstd);
-    for (size_t i = 0; i < d; i += 16) {
+    const __mmask16 all = (__mmask16)0xffff;
+    size_t i = 0;
+    for (; i + 16 <= d; i += 16) {
+        __m512 v = norm16_f32(_mm512_loadu_ps(x + i), hi, lo, r,
+                              w ? w + i : NULL, b ? b + i : NULL, all);
+        _mm512_storeu_ps(y + i, v);
+    }
+    if (i < d) {
         __mmask16 m = first16(d - i);
-        __m512 v = _mm512_maskz_loadu_ps(m, x + i);
-        v = _mm512_mul_ps(_mm512_sub_ps(_mm512_sub_ps(v, hi), lo), r);
-        if (w)
-            v = _mm512_mul_ps(v, _mm512_maskz_loadu_ps(m, w + i));
-        if (b)
-            v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, b + i));
+        __m512 v = norm16_f32(_mm512_maskz_loadu_ps(m, x + i), hi, lo, r,
+                              w ? w + i : NULL, b ? b + i : NULL, m);
         _mm512_mask_storeu_ps(y + i, m, v);
     }
+}
+
+TARGET static inline __m512d norm8_f64(__m512d v, __m512d mu, __m512d r,
+                                       const double *w, const double *b,
+                                       __mmask8 m)
+{
+    v = _mm512_mul_pd(_mm512_sub_pd(v, mu), r);
+    if (w)
+        v = _mm512_mul_pd(v, _mm512_maskz_loadu_pd(m, w));
+    if (b)
+        v = _mm512_add_pd(v, _mm512_maskz_loadu_pd(m, b));
+    return v;
 }
 
 TARGET static void apply_f64(const double *x, double *y, size_t d,
@@ -153,14 +213,17 @@ TARGET static void apply_f64(const double *x, double *y, size_t d,
                              const double *b)
 {
     __m512d mu = _mm512_set1_pd(mean), r = _mm512_set1_pd(rstd);
-    for (size_t i = 0; i < d; i += 8) {
+    const __mmask8 all = (__mmask8)0xff;
+    size_t i = 0;
+    for (; i + 8 <= d; i += 8) {
+        __m512d v = norm8_f64(_mm512_loadu_pd(x + i), mu, r,
+                              w ? w + i : NULL, b ? b + i : NULL, all);
+        _mm512_storeu_pd(y + i, v);
+    }
+    if (i < d) {
         __mmask8 m = first8(d - i);
-        __m512d v = _mm512_maskz_loadu_pd(m, x + i);
-        v = _mm512_mul_pd(_mm512_sub_pd(v, mu), r);
-        if (w)
-            v = _mm512_mul_pd(v, _mm512_maskz_loadu_pd(m, w + i));
-        if (b)
-            v = _mm512_add_pd(v, _mm512_maskz_loadu_pd(m, b + i));
+        __m512d v = norm8_f64(_mm512_maskz_loadu_pd(m, x + i), mu, r,
+                              w ? w + i : NULL, b ? b + i : NULL, m);
         _mm512_mask_storeu_pd(y + i, m, v);
     }
 }
