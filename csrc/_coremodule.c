@@ -13,6 +13,7 @@
 #include <numpy/arrayobject.h>
 #include <numpy/ufuncobject.h>
 #include <fenv.h>
+#include <float.h>
 
 #include <string.h>
 
@@ -183,6 +184,129 @@ static int add_ufuncs(PyObject *m)
     return 0;
 }
 
+/* ---- the fast path ------------------------------------------------------ */
+
+/* The dtype of an array the fast path can take as is: exact ndarray,
+ * aligned, native float16/32/64. -1 otherwise. */
+static int fast_dtype(PyObject *o, ln_dtype *t)
+{
+    if (!PyArray_CheckExact(o))
+        return -1;
+    PyArrayObject *a = (PyArrayObject *)o;
+    if (!PyArray_ISALIGNED(a) || !PyArray_ISNOTSWAPPED(a))
+        return -1;
+    switch (PyArray_TYPE(a)) {
+    case NPY_HALF: *t = LN_F16; return 0;
+    case NPY_FLOAT: *t = LN_F32; return 0;
+    case NPY_DOUBLE: *t = LN_F64; return 0;
+    default: return -1;
+    }
+}
+
+/* weight/bias: None, or a 1-d (d,) array of the same dtype as x. */
+static int fast_param(PyObject *o, ln_dtype t, npy_intp d, const char **ptr,
+                      ptrdiff_t *col)
+{
+    ln_dtype pt;
+    *ptr = NULL;
+    *col = 0;
+    if (o == Py_None)
+        return 0;
+    if (fast_dtype(o, &pt) < 0 || pt != t)
+        return -1;
+    PyArrayObject *a = (PyArrayObject *)o;
+    if (PyArray_NDIM(a) != 1 || PyArray_DIM(a, 0) != d)
+        return -1;
+    *ptr = PyArray_BYTES(a);
+    *col = PyArray_STRIDE(a, 0);
+    return 0;
+}
+
+/*
+ * _fast(x, weight, bias, eps, return_stats): layer_norm over the last axis
+ * for the common case (C-contiguous native float x, same-dtype (d,)
+ * parameters or None, a valid float eps). Returns NotImplemented for
+ * anything else, and the Python wrapper then takes the general path, which
+ * validates and explains. It skips the ufunc machinery: for one small
+ * record that machinery costs far more than the arithmetic.
+ */
+static PyObject *fast_layer_norm(PyObject *self, PyObject *const *args,
+                                 Py_ssize_t nargs)
+{
+    if (nargs != 5)
+        Py_RETURN_NOTIMPLEMENTED;
+    ln_dtype t;
+    if (fast_dtype(args[0], &t) < 0)
+        Py_RETURN_NOTIMPLEMENTED;
+    PyArrayObject *x = (PyArrayObject *)args[0];
+    int nd = PyArray_NDIM(x);
+    if (nd < 1 || !PyArray_IS_C_CONTIGUOUS(x))
+        Py_RETURN_NOTIMPLEMENTED;
+    npy_intp d = PyArray_DIM(x, nd - 1);
+    if (d < 1 || !PyFloat_CheckExact(args[3]))
+        Py_RETURN_NOTIMPLEMENTED;
+    double eps = PyFloat_AS_DOUBLE(args[3]);
+    if (!(eps >= 0.0 && eps <= DBL_MAX))
+        Py_RETURN_NOTIMPLEMENTED;
+    int want_stats = PyObject_IsTrue(args[4]);
+    if (want_stats < 0)
+        return NULL;
+
+    ln_batch job;
+    memset(&job, 0, sizeof job);
+    if (fast_param(args[1], t, d, &job.w, &job.w_col) < 0 ||
+        fast_param(args[2], t, d, &job.b, &job.b_col) < 0)
+        Py_RETURN_NOTIMPLEMENTED;
+
+    int stat_type = t == LN_F64 ? NPY_DOUBLE : NPY_FLOAT;
+    PyObject *y = PyArray_SimpleNew(nd, PyArray_DIMS(x), PyArray_TYPE(x));
+    PyObject *mean = NULL, *var = NULL;
+    if (y == NULL)
+        return NULL;
+    if (want_stats) {
+        mean = PyArray_SimpleNew(nd - 1, PyArray_DIMS(x), stat_type);
+        var = PyArray_SimpleNew(nd - 1, PyArray_DIMS(x), stat_type);
+        if (mean == NULL || var == NULL)
+            goto fail;
+    }
+
+    npy_intp isz = PyArray_ITEMSIZE(x);
+    job.dtype = t;
+    job.d = (size_t)d;
+    job.n_rows = (size_t)(PyArray_SIZE(x) / d);
+    job.x = PyArray_BYTES(x);
+    job.x_row = d * isz;
+    job.x_col = isz;
+    job.eps = (const char *)&eps;
+    job.eps_row = 0;
+    job.y = PyArray_BYTES((PyArrayObject *)y);
+    job.y_row = d * isz;
+    job.y_col = isz;
+    if (want_stats) {
+        job.mean = PyArray_BYTES((PyArrayObject *)mean);
+        job.var = PyArray_BYTES((PyArrayObject *)var);
+        job.mean_row = job.var_row = PyArray_ITEMSIZE((PyArrayObject *)mean);
+    }
+
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ln_batch_run(g_kernels, &job, g_threads);
+    Py_END_ALLOW_THREADS
+    if (rc == LN_ENOMEM) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    if (!want_stats)
+        return y;
+    return Py_BuildValue("(NNN)", y, mean, var);
+
+fail:
+    Py_XDECREF(y);
+    Py_XDECREF(mean);
+    Py_XDECREF(var);
+    return NULL;
+}
+
 /* ---- settings ---------------------------------------------------------- */
 
 static PyObject *get_isa(PyObject *self, PyObject *noargs)
@@ -258,6 +382,9 @@ static PyObject *thread_threshold(PyObject *self, PyObject *noargs)
 }
 
 static PyMethodDef core_methods[] = {
+    {"_fast", (PyCFunction)(void (*)(void))fast_layer_norm, METH_FASTCALL,
+     "_fast(x, weight, bias, eps, return_stats): the common case of "
+     "layer_norm, or NotImplemented."},
     {"get_isa", get_isa, METH_NOARGS,
      "get_isa() -> str: the instruction-set level in use."},
     {"set_isa", set_isa, METH_O,

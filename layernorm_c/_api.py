@@ -213,6 +213,13 @@ def layer_norm(
     >>> r.mean, r.var
     (array([11.]), array([5.]))
     """
+    if type(axis) is int and axis == -1 and out is None:
+        # The common case, done in C with no ufunc machinery, or
+        # NotImplemented when anything needs the general path below.
+        res = _core._fast(x, weight, bias, eps, return_stats)
+        if res is not NotImplemented:
+            return LayerNormResult(*res) if return_stats else res
+
     xa = _as_real_array(x, "x")
     if xa.ndim == 0:
         raise ValueError(
