@@ -31,6 +31,13 @@
 
 typedef enum { LN_F16 = 0, LN_F32 = 1, LN_F64 = 2 } ln_dtype;
 
+/* Memory hints for the output pass of one record. They change where data
+ * sits in the caches, never a result. */
+typedef struct {
+    const void *next; /* the next record's input, prefetched; may be NULL */
+    int stream;       /* write y with non-temporal stores (large outputs) */
+} ln_hints;
+
 /* Per-ISA primitives. The record-level logic in ln_row.c is shared. */
 typedef struct {
     const char *name;
@@ -43,13 +50,17 @@ typedef struct {
     /* y = ((x - mu_hi) - mu_lo) * rstd [* w] [+ b], all in float.
      * mean = mu_hi + mu_lo split keeps float32 exact enough with offsets. */
     void (*apply_f32)(const float *x, float *y, size_t d, float mu_hi,
-                      float mu_lo, float rstd, const float *w, const float *b);
+                      float mu_lo, float rstd, const float *w, const float *b,
+                      const ln_hints *hints);
     /* y = (x - mean) * rstd [* w] [+ b], all in double. */
     void (*apply_f64)(const double *x, double *y, size_t d, double mean,
-                      double rstd, const double *w, const double *b);
+                      double rstd, const double *w, const double *b,
+                      const ln_hints *hints);
     /* IEEE binary16 <-> binary32, round to nearest even. */
     void (*half_to_float)(const uint16_t *src, float *dst, size_t n);
     void (*float_to_half)(const float *src, uint16_t *dst, size_t n);
+    /* Order streamed (non-temporal) stores before the results are used. */
+    void (*store_fence)(void);
 } ln_kernels;
 
 /* Instruction-set levels, from most portable to widest. */
@@ -86,9 +97,11 @@ typedef struct {
  * (negative, NaN or infinite), in which case y is NaN; the statistics do
  * not depend on eps and are always written. */
 int ln_row_f32(const ln_kernels *k, const float *x, float *y, size_t d,
-               const float *w, const float *b, double eps, ln_stats *st);
+               const float *w, const float *b, double eps,
+               const ln_hints *hints, ln_stats *st);
 int ln_row_f64(const ln_kernels *k, const double *x, double *y, size_t d,
-               const double *w, const double *b, double eps, ln_stats *st);
+               const double *w, const double *b, double eps,
+               const ln_hints *hints, ln_stats *st);
 
 /*
  * A batch of records with arbitrary byte strides (rows and columns may be

@@ -21,11 +21,31 @@ TARGET static inline void zero_lanes(__m256d a[NREG])
         a[g] = _mm256_setzero_pd();
 }
 
-TARGET static inline void store_lanes(const __m256d a[NREG],
-                                      double lanes[LN_LANES])
+/* ln_tree_sum over the lanes in registers: ymm g holds lanes 4g..4g+3, so
+ * j += j + 16 is a[g] += a[g + 4], j += j + 8 is a[g] += a[g + 2], and so
+ * on down to the two lanes of one 128-bit half. */
+TARGET static inline double reduce_lanes(__m256d a[NREG])
 {
+    for (size_t h = NREG / 2; h >= 1; h /= 2)
+        for (size_t g = 0; g < h; g++)
+            a[g] = _mm256_add_pd(a[g], a[g + h]);
+    __m128d p = _mm_add_pd(_mm256_castpd256_pd128(a[0]),
+                           _mm256_extractf128_pd(a[0], 1));
+    return _mm_cvtsd_f64(_mm_add_sd(p, _mm_unpackhi_pd(p, p)));
+}
+
+/* The partial last block: element j goes to lane j, as in the scalar
+ * kernel. The lanes are spilled, updated and reloaded. */
+TARGET static inline void add_tail(__m256d a[NREG], const double *tail,
+                                   size_t n)
+{
+    double lanes[LN_LANES];
     for (size_t g = 0; g < NREG; g++)
         _mm256_storeu_pd(lanes + 4 * g, a[g]);
+    for (size_t j = 0; j < n; j++)
+        lanes[j] += tail[j];
+    for (size_t g = 0; g < NREG; g++)
+        a[g] = _mm256_loadu_pd(lanes + 4 * g);
 }
 
 /* One block of 32 floats widened to eight vectors of four doubles. */
@@ -41,7 +61,7 @@ TARGET static inline void load32_f32(const float *x, __m256d v[NREG])
 TARGET static double sum_f32(const float *x, size_t d)
 {
     __m256d a[NREG], v[NREG];
-    double lanes[LN_LANES];
+    double tail[LN_LANES];
     size_t i = 0;
     zero_lanes(a);
     for (; i + LN_LANES <= d; i += LN_LANES) {
@@ -49,32 +69,29 @@ TARGET static double sum_f32(const float *x, size_t d)
         for (size_t g = 0; g < NREG; g++)
             a[g] = _mm256_add_pd(a[g], v[g]);
     }
-    store_lanes(a, lanes);
     for (size_t j = 0; i + j < d; j++)
-        lanes[j] += (double)x[i + j];
-    return ln_tree_sum(lanes);
+        tail[j] = (double)x[i + j];
+    add_tail(a, tail, d - i);
+    return reduce_lanes(a);
 }
 
 TARGET static double sum_f64(const double *x, size_t d)
 {
     __m256d a[NREG];
-    double lanes[LN_LANES];
     size_t i = 0;
     zero_lanes(a);
     for (; i + LN_LANES <= d; i += LN_LANES)
         for (size_t g = 0; g < NREG; g++)
             a[g] = _mm256_add_pd(a[g], _mm256_loadu_pd(x + i + 4 * g));
-    store_lanes(a, lanes);
-    for (size_t j = 0; i + j < d; j++)
-        lanes[j] += x[i + j];
-    return ln_tree_sum(lanes);
+    add_tail(a, x + i, d - i);
+    return reduce_lanes(a);
 }
 
 TARGET static double sumsq_f32(const float *x, size_t d, double mean)
 {
     __m256d a[NREG], v[NREG];
     __m256d m = _mm256_set1_pd(mean);
-    double lanes[LN_LANES];
+    double tail[LN_LANES];
     size_t i = 0;
     zero_lanes(a);
     for (; i + LN_LANES <= d; i += LN_LANES) {
@@ -84,19 +101,19 @@ TARGET static double sumsq_f32(const float *x, size_t d, double mean)
             a[g] = _mm256_add_pd(a[g], _mm256_mul_pd(t, t));
         }
     }
-    store_lanes(a, lanes);
     for (size_t j = 0; i + j < d; j++) {
         double t = (double)x[i + j] - mean;
-        lanes[j] += t * t;
+        tail[j] = t * t;
     }
-    return ln_tree_sum(lanes);
+    add_tail(a, tail, d - i);
+    return reduce_lanes(a);
 }
 
 TARGET static double sumsq_f64(const double *x, size_t d, double mean)
 {
     __m256d a[NREG];
     __m256d m = _mm256_set1_pd(mean);
-    double lanes[LN_LANES];
+    double tail[LN_LANES];
     size_t i = 0;
     zero_lanes(a);
     for (; i + LN_LANES <= d; i += LN_LANES)
@@ -104,62 +121,103 @@ TARGET static double sumsq_f64(const double *x, size_t d, double mean)
             __m256d t = _mm256_sub_pd(_mm256_loadu_pd(x + i + 4 * g), m);
             a[g] = _mm256_add_pd(a[g], _mm256_mul_pd(t, t));
         }
-    store_lanes(a, lanes);
     for (size_t j = 0; i + j < d; j++) {
         double t = x[i + j] - mean;
-        lanes[j] += t * t;
+        tail[j] = t * t;
     }
-    return ln_tree_sum(lanes);
+    add_tail(a, tail, d - i);
+    return reduce_lanes(a);
+}
+
+/* Prefetch the line of the next record matching offset `bytes`. */
+static inline void prefetch_next(const ln_hints *h, size_t bytes)
+{
+    if (h && h->next)
+        _mm_prefetch((const char *)h->next + bytes, _MM_HINT_T0);
+}
+
+/* Elements stored normally before y + i is 32-byte aligned for streaming
+ * stores (none if streaming is off). */
+static inline size_t stream_start(const void *y, size_t size, size_t d)
+{
+    size_t n = ((32 - (uintptr_t)y % 32) % 32) / size;
+    return n < d ? n : d;
+}
+
+static inline float norm1_f32(float x, float mu_hi, float mu_lo, float rstd,
+                              const float *w, const float *b)
+{
+    float v = ((x - mu_hi) - mu_lo) * rstd;
+    if (w)
+        v = v * *w;
+    if (b)
+        v = v + *b;
+    return v;
+}
+
+static inline double norm1_f64(double x, double mean, double rstd,
+                               const double *w, const double *b)
+{
+    double v = (x - mean) * rstd;
+    if (w)
+        v = v * *w;
+    if (b)
+        v = v + *b;
+    return v;
 }
 
 TARGET static void apply_f32(const float *x, float *y, size_t d, float mu_hi,
                              float mu_lo, float rstd, const float *w,
-                             const float *b)
+                             const float *b, const ln_hints *h)
 {
     __m256 hi = _mm256_set1_ps(mu_hi), lo = _mm256_set1_ps(mu_lo);
     __m256 r = _mm256_set1_ps(rstd);
-    size_t i = 0;
+    int stream = h && h->stream && (uintptr_t)y % sizeof(float) == 0;
+    size_t i = 0, head = stream ? stream_start(y, sizeof(float), d) : 0;
+    for (; i < head; i++)
+        y[i] = norm1_f32(x[i], mu_hi, mu_lo, rstd, w ? w + i : NULL,
+                         b ? b + i : NULL);
     for (; i + 8 <= d; i += 8) {
+        prefetch_next(h, i * sizeof(float));
         __m256 v = _mm256_loadu_ps(x + i);
         v = _mm256_mul_ps(_mm256_sub_ps(_mm256_sub_ps(v, hi), lo), r);
         if (w)
             v = _mm256_mul_ps(v, _mm256_loadu_ps(w + i));
         if (b)
             v = _mm256_add_ps(v, _mm256_loadu_ps(b + i));
-        _mm256_storeu_ps(y + i, v);
+        if (stream)
+            _mm256_stream_ps(y + i, v);
+        else
+            _mm256_storeu_ps(y + i, v);
     }
-    for (; i < d; i++) {
-        float v = ((x[i] - mu_hi) - mu_lo) * rstd;
-        if (w)
-            v = v * w[i];
-        if (b)
-            v = v + b[i];
-        y[i] = v;
-    }
+    for (; i < d; i++)
+        y[i] = norm1_f32(x[i], mu_hi, mu_lo, rstd, w ? w + i : NULL,
+                         b ? b + i : NULL);
 }
 
 TARGET static void apply_f64(const double *x, double *y, size_t d,
                              double mean, double rstd, const double *w,
-                             const double *b)
+                             const double *b, const ln_hints *h)
 {
     __m256d mu = _mm256_set1_pd(mean), r = _mm256_set1_pd(rstd);
-    size_t i = 0;
+    int stream = h && h->stream && (uintptr_t)y % sizeof(double) == 0;
+    size_t i = 0, head = stream ? stream_start(y, sizeof(double), d) : 0;
+    for (; i < head; i++)
+        y[i] = norm1_f64(x[i], mean, rstd, w ? w + i : NULL, b ? b + i : NULL);
     for (; i + 4 <= d; i += 4) {
+        prefetch_next(h, i * sizeof(double));
         __m256d v = _mm256_mul_pd(_mm256_sub_pd(_mm256_loadu_pd(x + i), mu), r);
         if (w)
             v = _mm256_mul_pd(v, _mm256_loadu_pd(w + i));
         if (b)
             v = _mm256_add_pd(v, _mm256_loadu_pd(b + i));
-        _mm256_storeu_pd(y + i, v);
+        if (stream)
+            _mm256_stream_pd(y + i, v);
+        else
+            _mm256_storeu_pd(y + i, v);
     }
-    for (; i < d; i++) {
-        double v = (x[i] - mean) * rstd;
-        if (w)
-            v = v * w[i];
-        if (b)
-            v = v + b[i];
-        y[i] = v;
-    }
+    for (; i < d; i++)
+        y[i] = norm1_f64(x[i], mean, rstd, w ? w + i : NULL, b ? b + i : NULL);
 }
 
 TARGET static void half_to_float(const uint16_t *src, float *dst, size_t n)
@@ -186,9 +244,11 @@ TARGET static void float_to_half(const float *src, uint16_t *dst, size_t n)
         dst[i] = ln_float_to_half(src[i]);
 }
 
+TARGET static void store_fence(void) { _mm_sfence(); }
+
 const ln_kernels ln_kernels_avx2 = {
     "avx2",    sum_f32,   sum_f64,       sumsq_f32,    sumsq_f64,
-    apply_f32, apply_f64, half_to_float, float_to_half,
+    apply_f32, apply_f64, half_to_float, float_to_half, store_fence,
 };
 
 #endif /* LN_HAVE_X86_KERNELS */

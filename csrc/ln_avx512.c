@@ -26,15 +26,17 @@ static inline __mmask8 first8(size_t n)
     return n >= 8 ? (__mmask8)0xff : (__mmask8)((1u << n) - 1);
 }
 
+/* ln_tree_sum in registers: lanes j += j + 16, j += j + 8 (whole
+ * registers), then j += j + 4, j + 2, j + 1 inside the first register. */
 TARGET static inline double reduce4(__m512d a0, __m512d a1, __m512d a2,
                                     __m512d a3)
 {
-    double lanes[LN_LANES];
-    _mm512_storeu_pd(lanes, a0);
-    _mm512_storeu_pd(lanes + 8, a1);
-    _mm512_storeu_pd(lanes + 16, a2);
-    _mm512_storeu_pd(lanes + 24, a3);
-    return ln_tree_sum(lanes);
+    __m512d s = _mm512_add_pd(_mm512_add_pd(a0, a2), _mm512_add_pd(a1, a3));
+    __m256d q = _mm256_add_pd(_mm512_castpd512_pd256(s),
+                              _mm512_extractf64x4_pd(s, 1));
+    __m128d p = _mm_add_pd(_mm256_castpd256_pd128(q),
+                           _mm256_extractf128_pd(q, 1));
+    return _mm_cvtsd_f64(_mm_add_sd(p, _mm_unpackhi_pd(p, p)));
 }
 
 /* Widen 32 floats into 4x8 doubles (lanes 0-7, 8-15, 16-23, 24-31). */
@@ -175,18 +177,49 @@ TARGET static inline __m512 norm16_f32(__m512 v, __m512 hi, __m512 lo,
     return v;
 }
 
+/* Prefetch the line of the next record matching offset `bytes`. */
+static inline void prefetch_next(const ln_hints *h, size_t bytes)
+{
+    if (h && h->next)
+        _mm_prefetch((const char *)h->next + bytes, _MM_HINT_T0);
+}
+
+/* Elements to store normally before y + i is 64-byte aligned for
+ * streaming stores. */
+static inline size_t until_aligned(const void *p, size_t size)
+{
+    return ((64 - (uintptr_t)p % 64) % 64) / size;
+}
+
 TARGET static void apply_f32(const float *x, float *y, size_t d, float mu_hi,
                              float mu_lo, float rstd, const float *w,
-                             const float *b)
+                             const float *b, const ln_hints *h)
 {
     __m512 hi = _mm512_set1_ps(mu_hi), lo = _mm512_set1_ps(mu_lo);
     __m512 r = _mm512_set1_ps(rstd);
     const __mmask16 all = (__mmask16)0xffff;
+    int stream = h && h->stream && (uintptr_t)y % sizeof(float) == 0;
     size_t i = 0;
+    if (stream) {
+        size_t n = until_aligned(y, sizeof(float));
+        if (n > d)
+            n = d;
+        if (n) {
+            __mmask16 m = first16(n);
+            __m512 v = norm16_f32(_mm512_maskz_loadu_ps(m, x), hi, lo, r, w,
+                                  b, m);
+            _mm512_mask_storeu_ps(y, m, v);
+            i = n;
+        }
+    }
     for (; i + 16 <= d; i += 16) {
+        prefetch_next(h, i * sizeof(float));
         __m512 v = norm16_f32(_mm512_loadu_ps(x + i), hi, lo, r,
                               w ? w + i : NULL, b ? b + i : NULL, all);
-        _mm512_storeu_ps(y + i, v);
+        if (stream)
+            _mm512_stream_ps(y + i, v);
+        else
+            _mm512_storeu_ps(y + i, v);
     }
     if (i < d) {
         __mmask16 m = first16(d - i);
@@ -210,15 +243,31 @@ TARGET static inline __m512d norm8_f64(__m512d v, __m512d mu, __m512d r,
 
 TARGET static void apply_f64(const double *x, double *y, size_t d,
                              double mean, double rstd, const double *w,
-                             const double *b)
+                             const double *b, const ln_hints *h)
 {
     __m512d mu = _mm512_set1_pd(mean), r = _mm512_set1_pd(rstd);
     const __mmask8 all = (__mmask8)0xff;
+    int stream = h && h->stream && (uintptr_t)y % sizeof(double) == 0;
     size_t i = 0;
+    if (stream) {
+        size_t n = until_aligned(y, sizeof(double));
+        if (n > d)
+            n = d;
+        if (n) {
+            __mmask8 m = first8(n);
+            __m512d v = norm8_f64(_mm512_maskz_loadu_pd(m, x), mu, r, w, b, m);
+            _mm512_mask_storeu_pd(y, m, v);
+            i = n;
+        }
+    }
     for (; i + 8 <= d; i += 8) {
+        prefetch_next(h, i * sizeof(double));
         __m512d v = norm8_f64(_mm512_loadu_pd(x + i), mu, r,
                               w ? w + i : NULL, b ? b + i : NULL, all);
-        _mm512_storeu_pd(y + i, v);
+        if (stream)
+            _mm512_stream_pd(y + i, v);
+        else
+            _mm512_storeu_pd(y + i, v);
     }
     if (i < d) {
         __mmask8 m = first8(d - i);
@@ -252,9 +301,11 @@ TARGET static void float_to_half(const float *src, uint16_t *dst, size_t n)
         dst[i] = ln_float_to_half(src[i]);
 }
 
+TARGET static void store_fence(void) { _mm_sfence(); }
+
 const ln_kernels ln_kernels_avx512 = {
     "avx512",  sum_f32,   sum_f64,       sumsq_f32,    sumsq_f64,
-    apply_f32, apply_f64, half_to_float, float_to_half,
+    apply_f32, apply_f64, half_to_float, float_to_half, store_fence,
 };
 
 #endif /* LN_HAVE_X86_KERNELS */

@@ -24,6 +24,11 @@
 /* A thread is worth starting only for this much input per thread. */
 #define LN_THREAD_MIN_BYTES ((size_t)1 << 20)
 
+/* Outputs at least this large are written with streaming stores: they
+ * would not stay in the caches anyway, and streaming them saves reading
+ * each output line in before it is overwritten. */
+#define LN_STREAM_MIN_BYTES ((size_t)32 << 20)
+
 size_t ln_thread_threshold(void) { return 2 * LN_THREAD_MIN_BYTES; }
 
 static size_t item_size(ln_dtype t)
@@ -154,7 +159,7 @@ typedef struct {
 } ln_params;
 
 static int run_row(const ln_kernels *k, const ln_batch *job, ln_scratch *s,
-                   const ln_params *p, size_t r)
+                   const ln_params *p, size_t r, size_t end)
 {
     const char *xr = job->x + (ptrdiff_t)r * job->x_row;
     char *yr = job->y + (ptrdiff_t)r * job->y_row;
@@ -173,12 +178,18 @@ static int run_row(const ln_kernels *k, const ln_batch *job, ln_scratch *s,
     int direct_y = is_direct(job, yr, job->y_col);
     void *y = direct_y ? (void *)yr : s->y;
 
+    ln_hints hints = {NULL, 0};
+    if (x == (const void *)xr && r + 1 < end)
+        hints.next = xr + job->x_row;
+    hints.stream = direct_y && job->n_rows * job->d * item_size(job->dtype) >=
+                                   LN_STREAM_MIN_BYTES;
+
     ln_stats st;
     int rc;
     if (job->dtype == LN_F64)
-        rc = ln_row_f64(k, x, y, job->d, w, b, eps, &st);
+        rc = ln_row_f64(k, x, y, job->d, w, b, eps, &hints, &st);
     else
-        rc = ln_row_f32(k, x, y, job->d, w, b, eps, &st);
+        rc = ln_row_f32(k, x, y, job->d, w, b, eps, &hints, &st);
 
     if (!direct_y)
         stage_out(k, job, y, yr, s->h);
@@ -210,9 +221,10 @@ static int run_rows(const ln_kernels *k, const ln_batch *job, size_t begin,
 
     int status = LN_OK;
     for (size_t r = begin; r < end; r++) {
-        if (run_row(k, job, &s, &p, r) != 0)
+        if (run_row(k, job, &s, &p, r, end) != 0)
             status = LN_EBADEPS;
     }
+    k->store_fence();
     free(s.block);
     return status;
 }

@@ -24,7 +24,8 @@ static double inverse_std(double var, double eps)
 }
 
 int ln_row_f32(const ln_kernels *k, const float *x, float *y, size_t d,
-               const float *w, const float *b, double eps, ln_stats *st)
+               const float *w, const float *b, double eps,
+               const ln_hints *hints, ln_stats *st)
 {
     if (d == 0) {
         st->mean = st->var = NAN;
@@ -40,7 +41,7 @@ int ln_row_f32(const ln_kernels *k, const float *x, float *y, size_t d,
      * (x - mu_hi) - mu_lo is accurate while staying in float lanes. */
     float mu_hi = (float)mean;
     float mu_lo = (float)(mean - (double)mu_hi);
-    k->apply_f32(x, y, d, mu_hi, mu_lo, (float)rstd, w, b);
+    k->apply_f32(x, y, d, mu_hi, mu_lo, (float)rstd, w, b, hints);
 
     st->mean = mean;
     st->var = var;
@@ -48,7 +49,8 @@ int ln_row_f32(const ln_kernels *k, const float *x, float *y, size_t d,
 }
 
 int ln_row_f64(const ln_kernels *k, const double *x, double *y, size_t d,
-               const double *w, const double *b, double eps, ln_stats *st)
+               const double *w, const double *b, double eps,
+               const ln_hints *hints, ln_stats *st)
 {
     if (d == 0) {
         st->mean = st->var = NAN;
@@ -58,7 +60,7 @@ int ln_row_f64(const ln_kernels *k, const double *x, double *y, size_t d,
     double var = k->sumsq_f64(x, d, mean) / (double)d;
     double rstd = inverse_std(var, eps);
 
-    k->apply_f64(x, y, d, mean, rstd, w, b);
+    k->apply_f64(x, y, d, mean, rstd, w, b, hints);
 
     st->mean = mean;
     st->var = var;

@@ -75,7 +75,8 @@ static double sumsq_f64(const double *x, size_t d, double mean)
 }
 
 static void apply_f32(const float *x, float *y, size_t d, float mu_hi,
-                      float mu_lo, float rstd, const float *w, const float *b)
+                      float mu_lo, float rstd, const float *w, const float *b,
+                      const ln_hints *hints)
 {
     for (size_t i = 0; i < d; i++) {
         float v = ((x[i] - mu_hi) - mu_lo) * rstd;
@@ -88,7 +89,8 @@ static void apply_f32(const float *x, float *y, size_t d, float mu_hi,
 }
 
 static void apply_f64(const double *x, double *y, size_t d, double mean,
-                      double rstd, const double *w, const double *b)
+                      double rstd, const double *w, const double *b,
+                      const ln_hints *hints)
 {
     for (size_t i = 0; i < d; i++) {
         double v = (x[i] - mean) * rstd;
@@ -183,7 +185,10 @@ static void float_to_half(const float *src, uint16_t *dst, size_t n)
         dst[i] = ln_float_to_half(src[i]);
 }
 
+/* The portable kernels never stream, so there is nothing to order. */
+static void store_fence(void) {}
+
 const ln_kernels ln_kernels_scalar = {
     "scalar",  sum_f32,   sum_f64,       sumsq_f32,    sumsq_f64,
-    apply_f32, apply_f64, half_to_float, float_to_half,
+    apply_f32, apply_f64, half_to_float, float_to_half, store_fence,
 };
