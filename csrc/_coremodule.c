@@ -68,15 +68,21 @@ static void fill_batch(ln_batch *job, const ln_roles *roles, ln_dtype t,
 
 /* Loops cannot raise: an invalid eps, or scratch memory that could not be
  * had, gives NaN records and raises the floating-point invalid flag, which
- * NumPy reports as usual (RuntimeWarning, or an error under np.errstate). */
+ * NumPy reports as usual (RuntimeWarning, or an error under np.errstate).
+ * Any other flag the kernels raise on the way is discarded: it would
+ * depend on the code path and thread count, not on the result (a float32
+ * record that overflows the fast path is redone in double, for one). */
 static void run_loop(char **args, npy_intp const *dims, npy_intp const *steps,
                      void *data, ln_dtype t)
 {
     ln_batch job;
+    fenv_t env;
     fill_batch(&job, (const ln_roles *)data, t, args, dims, steps);
+    feholdexcept(&env);
     int rc = ln_batch_run(g_kernels, &job, g_threads);
     if (rc == LN_ENOMEM)
         ln_batch_fill_nan(&job);
+    fesetenv(&env);
     if (rc != LN_OK)
         feraiseexcept(FE_INVALID);
 }

@@ -22,6 +22,12 @@
 
 #define LN_LANES 32
 
+/* The blocked float32 sums add LN_BLOCK elements (LN_BLOCK / LN_LANES per
+ * lane) in float lanes, then flush each float lane into its double lane.
+ * Short float runs keep the rounding small; float lanes run at twice the
+ * width of double lanes. */
+#define LN_BLOCK 256
+
 /* GCC and Clang on x86 build the AVX2 and AVX-512 kernels with per-function
  * target attributes; every other platform gets the scalar kernels only. */
 #if (defined(__GNUC__) || defined(__clang__)) && \
@@ -32,15 +38,20 @@
 typedef enum { LN_F16 = 0, LN_F32 = 1, LN_F64 = 2 } ln_dtype;
 
 /* Memory hints for the output pass of one record. They change where data
- * sits in the caches, never a result. */
+ * sits in the caches, never a result. (Software prefetch of the next
+ * record was measured slower than the hardware prefetchers alone.) */
 typedef struct {
-    const void *next; /* the next record's input, prefetched; may be NULL */
-    int stream;       /* write y with non-temporal stores (large outputs) */
+    int stream; /* write y with non-temporal stores (large outputs) */
 } ln_hints;
 
 /* Per-ISA primitives. The record-level logic in ln_row.c is shared. */
 typedef struct {
     const char *name;
+    /* Blocked float sums (see LN_BLOCK): sum of (x[i] - shift), and sum of
+     * ((x[i] - mu_hi) - mu_lo)^2. The fast path for float32 records. */
+    double (*sum_f32_blocked)(const float *x, size_t d, float shift);
+    double (*sumsq_f32_blocked)(const float *x, size_t d, float mu_hi,
+                                float mu_lo);
     /* Sum of x[0..d) into LN_LANES lanes; returns the lanes combined. */
     double (*sum_f32)(const float *x, size_t d);
     double (*sum_f64)(const double *x, size_t d);

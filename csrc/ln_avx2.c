@@ -58,6 +58,90 @@ TARGET static inline void load32_f32(const float *x, __m256d v[NREG])
     }
 }
 
+/* Float lanes of a block live in four ymm registers (lanes 8g..8g+7). */
+#define NFREG (LN_LANES / 8)
+
+/* End of a block: each float register widens into two double registers. */
+TARGET static inline void flush_block(__m256d a[NREG], const __m256 f[NFREG])
+{
+    for (size_t g = 0; g < NFREG; g++) {
+        a[2 * g] = _mm256_add_pd(a[2 * g],
+                                 _mm256_cvtps_pd(_mm256_castps256_ps128(f[g])));
+        a[2 * g + 1] = _mm256_add_pd(
+            a[2 * g + 1], _mm256_cvtps_pd(_mm256_extractf128_ps(f[g], 1)));
+    }
+}
+
+/* The partial last chunk of a block, element j into float lane j, as in
+ * the scalar kernel. */
+TARGET static inline void add_tail_f32(__m256 f[NFREG], const float *tail,
+                                       size_t n)
+{
+    float lanes[LN_LANES];
+    for (size_t g = 0; g < NFREG; g++)
+        _mm256_storeu_ps(lanes + 8 * g, f[g]);
+    for (size_t j = 0; j < n; j++)
+        lanes[j] += tail[j];
+    for (size_t g = 0; g < NFREG; g++)
+        f[g] = _mm256_loadu_ps(lanes + 8 * g);
+}
+
+TARGET static double sum_f32_blocked(const float *x, size_t d, float shift)
+{
+    __m256d a[NREG];
+    __m256 f[NFREG], s = _mm256_set1_ps(shift);
+    float tail[LN_LANES];
+    zero_lanes(a);
+    for (size_t i = 0; i < d;) {
+        size_t end = d - i > LN_BLOCK ? i + LN_BLOCK : d;
+        for (size_t g = 0; g < NFREG; g++)
+            f[g] = _mm256_setzero_ps();
+        for (; i + LN_LANES <= end; i += LN_LANES)
+            for (size_t g = 0; g < NFREG; g++)
+                f[g] = _mm256_add_ps(
+                    f[g], _mm256_sub_ps(_mm256_loadu_ps(x + i + 8 * g), s));
+        if (i < end) {
+            for (size_t j = 0; i + j < end; j++)
+                tail[j] = x[i + j] - shift;
+            add_tail_f32(f, tail, end - i);
+            i = end;
+        }
+        flush_block(a, f);
+    }
+    return reduce_lanes(a);
+}
+
+TARGET static double sumsq_f32_blocked(const float *x, size_t d, float mu_hi,
+                                       float mu_lo)
+{
+    __m256d a[NREG];
+    __m256 f[NFREG];
+    __m256 hi = _mm256_set1_ps(mu_hi), lo = _mm256_set1_ps(mu_lo);
+    float tail[LN_LANES];
+    zero_lanes(a);
+    for (size_t i = 0; i < d;) {
+        size_t end = d - i > LN_BLOCK ? i + LN_BLOCK : d;
+        for (size_t g = 0; g < NFREG; g++)
+            f[g] = _mm256_setzero_ps();
+        for (; i + LN_LANES <= end; i += LN_LANES)
+            for (size_t g = 0; g < NFREG; g++) {
+                __m256 t = _mm256_sub_ps(
+                    _mm256_sub_ps(_mm256_loadu_ps(x + i + 8 * g), hi), lo);
+                f[g] = _mm256_add_ps(f[g], _mm256_mul_ps(t, t));
+            }
+        if (i < end) {
+            for (size_t j = 0; i + j < end; j++) {
+                float t = (x[i + j] - mu_hi) - mu_lo;
+                tail[j] = t * t;
+            }
+            add_tail_f32(f, tail, end - i);
+            i = end;
+        }
+        flush_block(a, f);
+    }
+    return reduce_lanes(a);
+}
+
 TARGET static double sum_f32(const float *x, size_t d)
 {
     __m256d a[NREG], v[NREG];
@@ -129,13 +213,6 @@ TARGET static double sumsq_f64(const double *x, size_t d, double mean)
     return reduce_lanes(a);
 }
 
-/* Prefetch the line of the next record matching offset `bytes`. */
-static inline void prefetch_next(const ln_hints *h, size_t bytes)
-{
-    if (h && h->next)
-        _mm_prefetch((const char *)h->next + bytes, _MM_HINT_T0);
-}
-
 /* Elements stored normally before y + i is 32-byte aligned for streaming
  * stores (none if streaming is off). */
 static inline size_t stream_start(const void *y, size_t size, size_t d)
@@ -178,7 +255,6 @@ TARGET static void apply_f32(const float *x, float *y, size_t d, float mu_hi,
         y[i] = norm1_f32(x[i], mu_hi, mu_lo, rstd, w ? w + i : NULL,
                          b ? b + i : NULL);
     for (; i + 8 <= d; i += 8) {
-        prefetch_next(h, i * sizeof(float));
         __m256 v = _mm256_loadu_ps(x + i);
         v = _mm256_mul_ps(_mm256_sub_ps(_mm256_sub_ps(v, hi), lo), r);
         if (w)
@@ -205,7 +281,6 @@ TARGET static void apply_f64(const double *x, double *y, size_t d,
     for (; i < head; i++)
         y[i] = norm1_f64(x[i], mean, rstd, w ? w + i : NULL, b ? b + i : NULL);
     for (; i + 4 <= d; i += 4) {
-        prefetch_next(h, i * sizeof(double));
         __m256d v = _mm256_mul_pd(_mm256_sub_pd(_mm256_loadu_pd(x + i), mu), r);
         if (w)
             v = _mm256_mul_pd(v, _mm256_loadu_pd(w + i));
@@ -247,8 +322,9 @@ TARGET static void float_to_half(const float *src, uint16_t *dst, size_t n)
 TARGET static void store_fence(void) { _mm_sfence(); }
 
 const ln_kernels ln_kernels_avx2 = {
-    "avx2",    sum_f32,   sum_f64,       sumsq_f32,    sumsq_f64,
-    apply_f32, apply_f64, half_to_float, float_to_half, store_fence,
+    "avx2",          sum_f32_blocked, sumsq_f32_blocked, sum_f32,
+    sum_f64,         sumsq_f32,       sumsq_f64,         apply_f32,
+    apply_f64,       half_to_float,   float_to_half,     store_fence,
 };
 
 #endif /* LN_HAVE_X86_KERNELS */

@@ -94,6 +94,90 @@ TARGET static inline void add_squares(__m512d a[4], const __m512d v[4],
     }
 }
 
+/* End of a block: float lanes 0-15 (f0) and 16-31 (f1) into the four
+ * double registers. */
+TARGET static inline void flush_block(__m512d a[4], __m512 f0, __m512 f1)
+{
+    __m512d v[4];
+    widen32(f0, f1, v);
+    add4(a, v);
+}
+
+/* Masks of the valid float lanes 0-15 and 16-31 of a chunk of n < 32. */
+static inline void chunk_masks(size_t n, __mmask16 *m0, __mmask16 *m1)
+{
+    *m0 = first16(n);
+    *m1 = n > 16 ? first16(n - 16) : (__mmask16)0;
+}
+
+TARGET static double sum_f32_blocked(const float *x, size_t d, float shift)
+{
+    __m512d a[4] = {_mm512_setzero_pd(), _mm512_setzero_pd(),
+                    _mm512_setzero_pd(), _mm512_setzero_pd()};
+    __m512 s = _mm512_set1_ps(shift);
+    for (size_t i = 0; i < d;) {
+        size_t end = d - i > LN_BLOCK ? i + LN_BLOCK : d;
+        __m512 f0 = _mm512_setzero_ps(), f1 = _mm512_setzero_ps();
+        for (; i + LN_LANES <= end; i += LN_LANES) {
+            f0 = _mm512_add_ps(f0, _mm512_sub_ps(_mm512_loadu_ps(x + i), s));
+            f1 = _mm512_add_ps(f1,
+                               _mm512_sub_ps(_mm512_loadu_ps(x + i + 16), s));
+        }
+        if (i < end) { /* the partial chunk: +0.0 in the missing lanes */
+            __mmask16 m0, m1;
+            chunk_masks(end - i, &m0, &m1);
+            f0 = _mm512_add_ps(
+                f0, _mm512_maskz_sub_ps(m0, _mm512_maskz_loadu_ps(m0, x + i), s));
+            if (m1)
+                f1 = _mm512_add_ps(
+                    f1, _mm512_maskz_sub_ps(
+                            m1, _mm512_maskz_loadu_ps(m1, x + i + 16), s));
+            i = end;
+        }
+        flush_block(a, f0, f1);
+    }
+    return reduce4(a[0], a[1], a[2], a[3]);
+}
+
+/* ((x - mu_hi) - mu_lo)^2 on lanes m, +0.0 elsewhere. */
+TARGET static inline __m512 square16(__m512 v, __m512 hi, __m512 lo,
+                                     __mmask16 m)
+{
+    __m512 t = _mm512_sub_ps(_mm512_sub_ps(v, hi), lo);
+    return _mm512_maskz_mul_ps(m, t, t);
+}
+
+TARGET static double sumsq_f32_blocked(const float *x, size_t d, float mu_hi,
+                                       float mu_lo)
+{
+    __m512d a[4] = {_mm512_setzero_pd(), _mm512_setzero_pd(),
+                    _mm512_setzero_pd(), _mm512_setzero_pd()};
+    __m512 hi = _mm512_set1_ps(mu_hi), lo = _mm512_set1_ps(mu_lo);
+    const __mmask16 all = (__mmask16)0xffff;
+    for (size_t i = 0; i < d;) {
+        size_t end = d - i > LN_BLOCK ? i + LN_BLOCK : d;
+        __m512 f0 = _mm512_setzero_ps(), f1 = _mm512_setzero_ps();
+        for (; i + LN_LANES <= end; i += LN_LANES) {
+            f0 = _mm512_add_ps(f0, square16(_mm512_loadu_ps(x + i), hi, lo, all));
+            f1 = _mm512_add_ps(
+                f1, square16(_mm512_loadu_ps(x + i + 16), hi, lo, all));
+        }
+        if (i < end) {
+            __mmask16 m0, m1;
+            chunk_masks(end - i, &m0, &m1);
+            f0 = _mm512_add_ps(
+                f0, square16(_mm512_maskz_loadu_ps(m0, x + i), hi, lo, m0));
+            if (m1)
+                f1 = _mm512_add_ps(
+                    f1,
+                    square16(_mm512_maskz_loadu_ps(m1, x + i + 16), hi, lo, m1));
+            i = end;
+        }
+        flush_block(a, f0, f1);
+    }
+    return reduce4(a[0], a[1], a[2], a[3]);
+}
+
 TARGET static double sum_f32(const float *x, size_t d)
 {
     __m512d a[4] = {_mm512_setzero_pd(), _mm512_setzero_pd(),
@@ -177,13 +261,6 @@ TARGET static inline __m512 norm16_f32(__m512 v, __m512 hi, __m512 lo,
     return v;
 }
 
-/* Prefetch the line of the next record matching offset `bytes`. */
-static inline void prefetch_next(const ln_hints *h, size_t bytes)
-{
-    if (h && h->next)
-        _mm_prefetch((const char *)h->next + bytes, _MM_HINT_T0);
-}
-
 /* Elements to store normally before y + i is 64-byte aligned for
  * streaming stores. */
 static inline size_t until_aligned(const void *p, size_t size)
@@ -213,7 +290,6 @@ TARGET static void apply_f32(const float *x, float *y, size_t d, float mu_hi,
         }
     }
     for (; i + 16 <= d; i += 16) {
-        prefetch_next(h, i * sizeof(float));
         __m512 v = norm16_f32(_mm512_loadu_ps(x + i), hi, lo, r,
                               w ? w + i : NULL, b ? b + i : NULL, all);
         if (stream)
@@ -261,7 +337,6 @@ TARGET static void apply_f64(const double *x, double *y, size_t d,
         }
     }
     for (; i + 8 <= d; i += 8) {
-        prefetch_next(h, i * sizeof(double));
         __m512d v = norm8_f64(_mm512_loadu_pd(x + i), mu, r,
                               w ? w + i : NULL, b ? b + i : NULL, all);
         if (stream)
@@ -304,8 +379,9 @@ TARGET static void float_to_half(const float *src, uint16_t *dst, size_t n)
 TARGET static void store_fence(void) { _mm_sfence(); }
 
 const ln_kernels ln_kernels_avx512 = {
-    "avx512",  sum_f32,   sum_f64,       sumsq_f32,    sumsq_f64,
-    apply_f32, apply_f64, half_to_float, float_to_half, store_fence,
+    "avx512",        sum_f32_blocked, sumsq_f32_blocked, sum_f32,
+    sum_f64,         sumsq_f32,       sumsq_f64,         apply_f32,
+    apply_f64,       half_to_float,   float_to_half,     store_fence,
 };
 
 #endif /* LN_HAVE_X86_KERNELS */

@@ -159,7 +159,7 @@ typedef struct {
 } ln_params;
 
 static int run_row(const ln_kernels *k, const ln_batch *job, ln_scratch *s,
-                   const ln_params *p, size_t r, size_t end)
+                   const ln_params *p, size_t r)
 {
     const char *xr = job->x + (ptrdiff_t)r * job->x_row;
     char *yr = job->y + (ptrdiff_t)r * job->y_row;
@@ -178,9 +178,7 @@ static int run_row(const ln_kernels *k, const ln_batch *job, ln_scratch *s,
     int direct_y = is_direct(job, yr, job->y_col);
     void *y = direct_y ? (void *)yr : s->y;
 
-    ln_hints hints = {NULL, 0};
-    if (x == (const void *)xr && r + 1 < end)
-        hints.next = xr + job->x_row;
+    ln_hints hints;
     hints.stream = direct_y && job->n_rows * job->d * item_size(job->dtype) >=
                                    LN_STREAM_MIN_BYTES;
 
@@ -221,7 +219,7 @@ static int run_rows(const ln_kernels *k, const ln_batch *job, size_t begin,
 
     int status = LN_OK;
     for (size_t r = begin; r < end; r++) {
-        if (run_row(k, job, &s, &p, r, end) != 0)
+        if (run_row(k, job, &s, &p, r) != 0)
             status = LN_EBADEPS;
     }
     k->store_fence();

@@ -23,6 +23,42 @@ static double inverse_std(double var, double eps)
     return 1.0 / sqrt(var + eps);
 }
 
+/* Float lanes hold squares safely only in this range of variances; outside
+ * it (or with a non-finite mean) the record is recomputed in double. */
+#define F32_VAR_MIN 1e-30
+#define F32_VAR_MAX 1e30
+
+/* mean = mu_hi + mu_lo to twice float precision, so that
+ * (x - mu_hi) - mu_lo is accurate while staying in float lanes. */
+static void split_mean(double mean, float *mu_hi, float *mu_lo)
+{
+    *mu_hi = (float)mean;
+    *mu_lo = (float)(mean - (double)*mu_hi);
+}
+
+/* Statistics of a float record, fast path: float lanes in short blocks.
+ * Shifting by x[0] first keeps the float sums small when all values share
+ * a large offset (a float32 mean of raw values would lose about one float
+ * ulp of the offset). */
+static void stats_f32_blocked(const ln_kernels *k, const float *x, size_t d,
+                              ln_stats *st)
+{
+    float shift = x[0];
+    float mu_hi, mu_lo;
+    st->mean = (double)shift + k->sum_f32_blocked(x, d, shift) / (double)d;
+    split_mean(st->mean, &mu_hi, &mu_lo);
+    st->var = k->sumsq_f32_blocked(x, d, mu_hi, mu_lo) / (double)d;
+}
+
+/* Statistics of a float record in double lanes: slower, but no square
+ * can overflow or underflow. */
+static void stats_f32_double(const ln_kernels *k, const float *x, size_t d,
+                             ln_stats *st)
+{
+    st->mean = k->sum_f32(x, d) / (double)d;
+    st->var = k->sumsq_f32(x, d, st->mean) / (double)d;
+}
+
 int ln_row_f32(const ln_kernels *k, const float *x, float *y, size_t d,
                const float *w, const float *b, double eps,
                const ln_hints *hints, ln_stats *st)
@@ -31,20 +67,15 @@ int ln_row_f32(const ln_kernels *k, const float *x, float *y, size_t d,
         st->mean = st->var = NAN;
         return eps_is_valid(eps) ? 0 : -1;
     }
-    /* Statistics in double: a float32 mean loses about one float ulp of
-     * the offset, which is large next to the spread of offset data. */
-    double mean = k->sum_f32(x, d) / (double)d;
-    double var = k->sumsq_f32(x, d, mean) / (double)d;
-    double rstd = inverse_std(var, eps);
+    stats_f32_blocked(k, x, d, st);
+    if (!(st->var >= F32_VAR_MIN && st->var <= F32_VAR_MAX) ||
+        !isfinite(st->mean))
+        stats_f32_double(k, x, d, st);
 
-    /* mean = mu_hi + mu_lo (to float precision twice over), so that
-     * (x - mu_hi) - mu_lo is accurate while staying in float lanes. */
-    float mu_hi = (float)mean;
-    float mu_lo = (float)(mean - (double)mu_hi);
+    float mu_hi, mu_lo;
+    split_mean(st->mean, &mu_hi, &mu_lo);
+    double rstd = inverse_std(st->var, eps);
     k->apply_f32(x, y, d, mu_hi, mu_lo, (float)rstd, w, b, hints);
-
-    st->mean = mean;
-    st->var = var;
     return eps_is_valid(eps) ? 0 : -1;
 }
 

@@ -17,6 +17,41 @@ double ln_tree_sum(double lanes[LN_LANES])
     return lanes[0];
 }
 
+/* Add float lanes into double lanes and clear them: the end of a block. */
+static void flush_block(double lane[LN_LANES], float f[LN_LANES])
+{
+    for (size_t j = 0; j < LN_LANES; j++) {
+        lane[j] += (double)f[j];
+        f[j] = 0.0f;
+    }
+}
+
+static double sum_f32_blocked(const float *x, size_t d, float shift)
+{
+    double lane[LN_LANES] = {0};
+    float f[LN_LANES] = {0};
+    for (size_t i = 0; i < d; i++) {
+        f[i % LN_LANES] += x[i] - shift;
+        if ((i + 1) % LN_BLOCK == 0 || i + 1 == d)
+            flush_block(lane, f);
+    }
+    return ln_tree_sum(lane);
+}
+
+static double sumsq_f32_blocked(const float *x, size_t d, float mu_hi,
+                                float mu_lo)
+{
+    double lane[LN_LANES] = {0};
+    float f[LN_LANES] = {0};
+    for (size_t i = 0; i < d; i++) {
+        float t = (x[i] - mu_hi) - mu_lo;
+        f[i % LN_LANES] += t * t;
+        if ((i + 1) % LN_BLOCK == 0 || i + 1 == d)
+            flush_block(lane, f);
+    }
+    return ln_tree_sum(lane);
+}
+
 static double sum_f32(const float *x, size_t d)
 {
     double lane[LN_LANES] = {0};
@@ -189,6 +224,7 @@ static void float_to_half(const float *src, uint16_t *dst, size_t n)
 static void store_fence(void) {}
 
 const ln_kernels ln_kernels_scalar = {
-    "scalar",  sum_f32,   sum_f64,       sumsq_f32,    sumsq_f64,
-    apply_f32, apply_f64, half_to_float, float_to_half, store_fence,
+    "scalar",        sum_f32_blocked, sumsq_f32_blocked, sum_f32,
+    sum_f64,         sumsq_f32,       sumsq_f64,         apply_f32,
+    apply_f64,       half_to_float,   float_to_half,     store_fence,
 };
