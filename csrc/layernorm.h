@@ -114,6 +114,19 @@ int ln_row_f64(const ln_kernels *k, const double *x, double *y, size_t d,
                const double *w, const double *b, double eps,
                const ln_hints *hints, ln_stats *st);
 
+/* The two steps of ln_row_*, for callers that interleave records:
+ * statistics (never fails), then the output (0, or -1 for an invalid eps). */
+void ln_stats_f32(const ln_kernels *k, const float *x, size_t d,
+                  ln_stats *st);
+void ln_stats_f64(const ln_kernels *k, const double *x, size_t d,
+                  ln_stats *st);
+int ln_apply_f32(const ln_kernels *k, const float *x, float *y, size_t d,
+                 const float *w, const float *b, double eps,
+                 const ln_stats *st, const ln_hints *hints);
+int ln_apply_f64(const ln_kernels *k, const double *x, double *y, size_t d,
+                 const double *w, const double *b, double eps,
+                 const ln_stats *st, const ln_hints *hints);
+
 /*
  * A batch of records with arbitrary byte strides (rows and columns may be
  * negative, zero for broadcast parameters). Statistics are written as

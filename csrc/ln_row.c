@@ -59,19 +59,34 @@ static void stats_f32_double(const ln_kernels *k, const float *x, size_t d,
     st->var = k->sumsq_f32(x, d, st->mean) / (double)d;
 }
 
-int ln_row_f32(const ln_kernels *k, const float *x, float *y, size_t d,
-               const float *w, const float *b, double eps,
-               const ln_hints *hints, ln_stats *st)
+void ln_stats_f32(const ln_kernels *k, const float *x, size_t d,
+                  ln_stats *st)
 {
     if (d == 0) {
         st->mean = st->var = NAN;
-        return eps_is_valid(eps) ? 0 : -1;
+        return;
     }
     stats_f32_blocked(k, x, d, st);
     if (!(st->var >= F32_VAR_MIN && st->var <= F32_VAR_MAX) ||
         !isfinite(st->mean))
         stats_f32_double(k, x, d, st);
+}
 
+void ln_stats_f64(const ln_kernels *k, const double *x, size_t d,
+                  ln_stats *st)
+{
+    if (d == 0) {
+        st->mean = st->var = NAN;
+        return;
+    }
+    st->mean = k->sum_f64(x, d) / (double)d;
+    st->var = k->sumsq_f64(x, d, st->mean) / (double)d;
+}
+
+int ln_apply_f32(const ln_kernels *k, const float *x, float *y, size_t d,
+                 const float *w, const float *b, double eps,
+                 const ln_stats *st, const ln_hints *hints)
+{
     float mu_hi, mu_lo;
     split_mean(st->mean, &mu_hi, &mu_lo);
     double rstd = inverse_std(st->var, eps);
@@ -79,21 +94,26 @@ int ln_row_f32(const ln_kernels *k, const float *x, float *y, size_t d,
     return eps_is_valid(eps) ? 0 : -1;
 }
 
+int ln_apply_f64(const ln_kernels *k, const double *x, double *y, size_t d,
+                 const double *w, const double *b, double eps,
+                 const ln_stats *st, const ln_hints *hints)
+{
+    k->apply_f64(x, y, d, st->mean, inverse_std(st->var, eps), w, b, hints);
+    return eps_is_valid(eps) ? 0 : -1;
+}
+
+int ln_row_f32(const ln_kernels *k, const float *x, float *y, size_t d,
+               const float *w, const float *b, double eps,
+               const ln_hints *hints, ln_stats *st)
+{
+    ln_stats_f32(k, x, d, st);
+    return ln_apply_f32(k, x, y, d, w, b, eps, st, hints);
+}
+
 int ln_row_f64(const ln_kernels *k, const double *x, double *y, size_t d,
                const double *w, const double *b, double eps,
                const ln_hints *hints, ln_stats *st)
 {
-    if (d == 0) {
-        st->mean = st->var = NAN;
-        return eps_is_valid(eps) ? 0 : -1;
-    }
-    double mean = k->sum_f64(x, d) / (double)d;
-    double var = k->sumsq_f64(x, d, mean) / (double)d;
-    double rstd = inverse_std(var, eps);
-
-    k->apply_f64(x, y, d, mean, rstd, w, b, hints);
-
-    st->mean = mean;
-    st->var = var;
-    return eps_is_valid(eps) ? 0 : -1;
+    ln_stats_f64(k, x, d, st);
+    return ln_apply_f64(k, x, y, d, w, b, eps, st, hints);
 }
