@@ -228,18 +228,48 @@ static int fast_param(PyObject *o, ln_dtype t, npy_intp d, const char **ptr,
     return 0;
 }
 
+/* out for the fast path: None (allocate), or an exact, C-contiguous,
+ * aligned, writeable array shaped and typed like x that is x itself or
+ * does not overlap it (partial overlap needs the ufunc's copy logic). */
+static int fast_out(PyObject *o, PyArrayObject *x, PyObject **y)
+{
+    ln_dtype t;
+    if (o == Py_None) {
+        *y = PyArray_SimpleNew(PyArray_NDIM(x), PyArray_DIMS(x),
+                               PyArray_TYPE(x));
+        return *y == NULL ? -2 : 0;
+    }
+    if (fast_dtype(o, &t) < 0)
+        return -1;
+    PyArrayObject *a = (PyArrayObject *)o;
+    if (PyArray_TYPE(a) != PyArray_TYPE(x) || !PyArray_IS_C_CONTIGUOUS(a) ||
+        !PyArray_ISWRITEABLE(a) ||
+        !PyArray_CompareLists(PyArray_DIMS(a), PyArray_DIMS(x),
+                              PyArray_NDIM(x)) ||
+        PyArray_NDIM(a) != PyArray_NDIM(x))
+        return -1;
+    char *ya = PyArray_BYTES(a), *xa = PyArray_BYTES(x);
+    npy_intp n = PyArray_NBYTES(x);
+    if (ya != xa && ya < xa + n && xa < ya + n)
+        return -1;
+    Py_INCREF(o);
+    *y = o;
+    return 0;
+}
+
 /*
- * _fast(x, weight, bias, eps, return_stats): layer_norm over the last axis
- * for the common case (C-contiguous native float x, same-dtype (d,)
- * parameters or None, a valid float eps). Returns NotImplemented for
- * anything else, and the Python wrapper then takes the general path, which
- * validates and explains. It skips the ufunc machinery: for one small
- * record that machinery costs far more than the arithmetic.
+ * _fast(x, weight, bias, eps, out, return_stats): layer_norm over the last
+ * axis for the common case (C-contiguous native float x, same-dtype (d,)
+ * parameters or None, a valid float eps, out None or a matching array).
+ * Returns NotImplemented for anything else, and the Python wrapper then
+ * takes the general path, which validates and explains. It skips the ufunc
+ * machinery: for one small record that machinery costs far more than the
+ * arithmetic.
  */
 static PyObject *fast_layer_norm(PyObject *self, PyObject *const *args,
                                  Py_ssize_t nargs)
 {
-    if (nargs != 5)
+    if (nargs != 6)
         Py_RETURN_NOTIMPLEMENTED;
     ln_dtype t;
     if (fast_dtype(args[0], &t) < 0)
@@ -254,7 +284,7 @@ static PyObject *fast_layer_norm(PyObject *self, PyObject *const *args,
     double eps = PyFloat_AS_DOUBLE(args[3]);
     if (!(eps >= 0.0 && eps <= DBL_MAX))
         Py_RETURN_NOTIMPLEMENTED;
-    int want_stats = PyObject_IsTrue(args[4]);
+    int want_stats = PyObject_IsTrue(args[5]);
     if (want_stats < 0)
         return NULL;
 
@@ -265,9 +295,11 @@ static PyObject *fast_layer_norm(PyObject *self, PyObject *const *args,
         Py_RETURN_NOTIMPLEMENTED;
 
     int stat_type = t == LN_F64 ? NPY_DOUBLE : NPY_FLOAT;
-    PyObject *y = PyArray_SimpleNew(nd, PyArray_DIMS(x), PyArray_TYPE(x));
-    PyObject *mean = NULL, *var = NULL;
-    if (y == NULL)
+    PyObject *y = NULL, *mean = NULL, *var = NULL;
+    int rc_out = fast_out(args[4], x, &y);
+    if (rc_out == -1)
+        Py_RETURN_NOTIMPLEMENTED;
+    if (rc_out < 0)
         return NULL;
     if (want_stats) {
         mean = PyArray_SimpleNew(nd - 1, PyArray_DIMS(x), stat_type);
@@ -389,7 +421,7 @@ static PyObject *thread_threshold(PyObject *self, PyObject *noargs)
 
 static PyMethodDef core_methods[] = {
     {"_fast", (PyCFunction)(void (*)(void))fast_layer_norm, METH_FASTCALL,
-     "_fast(x, weight, bias, eps, return_stats): the common case of "
+     "_fast(x, weight, bias, eps, out, return_stats): the common case of "
      "layer_norm, or NotImplemented."},
     {"get_isa", get_isa, METH_NOARGS,
      "get_isa() -> str: the instruction-set level in use."},

@@ -213,10 +213,10 @@ def layer_norm(
     >>> r.mean, r.var
     (array([11.]), array([5.]))
     """
-    if type(axis) is int and axis == -1 and out is None:
+    if type(axis) is int and axis == -1:
         # The common case, done in C with no ufunc machinery, or
         # NotImplemented when anything needs the general path below.
-        res = _core._fast(x, weight, bias, eps, return_stats)
+        res = _core._fast(x, weight, bias, eps, out, return_stats)
         if res is not NotImplemented:
             return LayerNormResult(*res) if return_stats else res
 
