@@ -279,7 +279,7 @@ static PyObject *fast_layer_norm(PyObject *self, PyObject *const *args,
     if (nd < 1 || !PyArray_IS_C_CONTIGUOUS(x))
         Py_RETURN_NOTIMPLEMENTED;
     npy_intp d = PyArray_DIM(x, nd - 1);
-    if (d < 1 || !PyFloat_CheckExact(args[3]))
+    if (d < 1 || !PyFloat_Check(args[3]))
         Py_RETURN_NOTIMPLEMENTED;
     double eps = PyFloat_AS_DOUBLE(args[3]);
     if (!(eps >= 0.0 && eps <= DBL_MAX))

@@ -83,14 +83,42 @@ void ln_stats_f64(const ln_kernels *k, const double *x, size_t d,
     st->var = k->sumsq_f64(x, d, st->mean) / (double)d;
 }
 
+/* Can the float lanes of apply_f32 compute this record? Not when x - mean
+ * could overflow float (huge spread), when the centered values could be
+ * subnormal (tiny spread), or when 1/sqrt(var + eps) exceeds the float
+ * range. Such records go through apply_f32_wide. */
+static int fits_float_lanes(double var, double rstd)
+{
+    return var >= F32_VAR_MIN && var <= F32_VAR_MAX && !(rstd > FLT_MAX);
+}
+
+/* The output of a float record in double arithmetic, one rounding at the
+ * end. Scalar and shared by every ISA level, so results stay identical. */
+static void apply_f32_wide(const float *x, float *y, size_t d, double mean,
+                           double rstd, const float *w, const float *b)
+{
+    for (size_t i = 0; i < d; i++) {
+        double v = ((double)x[i] - mean) * rstd;
+        if (w)
+            v = v * (double)w[i];
+        if (b)
+            v = v + (double)b[i];
+        y[i] = (float)v;
+    }
+}
+
 int ln_apply_f32(const ln_kernels *k, const float *x, float *y, size_t d,
                  const float *w, const float *b, double eps,
                  const ln_stats *st, const ln_hints *hints)
 {
-    float mu_hi, mu_lo;
-    split_mean(st->mean, &mu_hi, &mu_lo);
     double rstd = inverse_std(st->var, eps);
-    k->apply_f32(x, y, d, mu_hi, mu_lo, (float)rstd, w, b, hints);
+    if (fits_float_lanes(st->var, rstd)) {
+        float mu_hi, mu_lo;
+        split_mean(st->mean, &mu_hi, &mu_lo);
+        k->apply_f32(x, y, d, mu_hi, mu_lo, (float)rstd, w, b, hints);
+    } else {
+        apply_f32_wide(x, y, d, st->mean, rstd, w, b);
+    }
     return eps_is_valid(eps) ? 0 : -1;
 }
 

@@ -107,7 +107,10 @@ def _check_eps(eps) -> float:
         raise TypeError(
             f"eps: expected a real number, got {type(eps).__name__} {eps!r}"
         )
-    value = float(eps)
+    try:
+        value = float(eps)
+    except OverflowError:  # an int beyond the float range
+        value = math.inf
     if not math.isfinite(value) or value < 0:
         raise ValueError(f"eps: expected a finite number >= 0, got {eps!r}")
     return value
