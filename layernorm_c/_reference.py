@@ -14,9 +14,14 @@ Axis = Union[int, Sequence[int]]
 
 
 class ReferenceResult(NamedTuple):
+    """What :func:`reference_layer_norm` returns, all in float64."""
+
     y: np.ndarray
+    """The normalized output, shaped like ``x``."""
     mean: np.ndarray
+    """Per-record mean, shaped like ``x`` without the normalized axes."""
     var: np.ndarray
+    """Per-record population variance (divided by d, without eps)."""
 
 
 def reference_layer_norm(

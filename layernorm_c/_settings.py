@@ -31,6 +31,8 @@ def set_isa(name: str) -> None:
 
     Raises
     ------
+    TypeError
+        ``name`` is not a str.
     ValueError
         An unknown name, or a level this CPU or build cannot run.
     """
@@ -60,6 +62,13 @@ def set_num_threads(n: int) -> None:
     ----------
     n : int
         From 1 to 1024.
+
+    Raises
+    ------
+    TypeError
+        ``n`` is not an int.
+    ValueError
+        ``n`` is outside 1 to 1024.
     """
     if isinstance(n, bool) or not isinstance(n, int):
         raise TypeError(f"n: expected an int, got {type(n).__name__}")

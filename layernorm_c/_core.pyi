@@ -1,0 +1,29 @@
+"""Type stubs for the private C extension ``layernorm_c._core``.
+
+Use the public wrappers in :mod:`layernorm_c` instead of this module.
+"""
+from typing import Any, Tuple
+
+import numpy as np
+
+# The public gufunc, signature (n),(n),(n),()->(n): x, weight, bias, eps -> y.
+layer_norm: np.ufunc
+
+# Private gufuncs that also return per-record mean and variance, one per
+# parameter convention.
+_ln_wb: np.ufunc  # (n),(n),(n),()->(n),(),(): x, weight, bias, eps -> y, mean, var
+_ln_w: np.ufunc  # (n),(n),()->(n),(),(): x, weight, eps -> y, mean, var
+_ln_b: np.ufunc  # (n),(n),()->(n),(),(): x, bias, eps -> y, mean, var
+_ln_none: np.ufunc  # (n),()->(n),(),(): x, eps -> y, mean, var
+
+# layer_norm over the last axis for the common case (C-contiguous native
+# float x, same-dtype (d,) parameters or None, a valid float eps): y, or
+# (y, mean, var) if return_stats; NotImplemented for anything else.
+def _fast(x: Any, weight: Any, bias: Any, eps: Any, return_stats: Any, /) -> Any: ...
+
+def get_isa() -> str: ...
+def set_isa(name: str, /) -> None: ...
+def supported_isas() -> Tuple[str, ...]: ...
+def get_num_threads() -> int: ...
+def set_num_threads(n: int, /) -> None: ...
+def thread_threshold() -> int: ...
