@@ -157,8 +157,9 @@ def layer_norm(
     ----------
     x : array_like
         Input with at least one dimension. float16, float32 and float64 are
-        computed natively (float16 internally in float32, statistics in
-        float64); integer and bool inputs are computed in float64.
+        computed natively (float16 internally in float32; statistics are
+        totalled in float64); integer and bool inputs are computed in
+        float64.
     weight : array_like, optional
         Gain, shaped like the normalized axes (``(d,)`` for one axis).
         ``None`` means no gain (gain 1).
@@ -188,7 +189,7 @@ def layer_norm(
     LayerNormResult
         If ``return_stats``: the named tuple ``(y, mean, var)``. ``mean`` and
         ``var`` are shaped like ``x`` without the normalized axes, in the
-        computation dtype (float32 for float16 input). ``var`` is the
+        computation dtype (float32 for float16 and float32 input). ``var`` is the
         population variance, without eps.
 
     Raises
