@@ -1,0 +1,176 @@
+"""Bit-for-bit reproducibility: a record's output and statistics depend on
+its d values (and weight, bias, eps) alone -- not on its batch, position,
+alignment, strides, memory order, thread count or instruction set."""
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import layernorm_c as lnc
+from core_strategies import (F16, F32, F64, FLOAT_DTYPES, LAYOUTS, WB_COMBOS, assert_same_bits,
+                             assert_same_result, feature_counts, kernel_settings, layout_1d,
+                             random_params, random_records)
+
+BATCH = 100
+OUT_LAYOUTS = [None] + list(LAYOUTS)
+
+
+def _record_of(res, pos, to_rows):
+    return tuple(to_rows(a)[pos] for a in res)
+
+
+@given(dtype=st.sampled_from(FLOAT_DTYPES), d=feature_counts,
+       pos=st.integers(0, BATCH - 1), wb=st.sampled_from(WB_COMBOS),
+       out_shift=st.integers(0, len(OUT_LAYOUTS) - 1), seed=st.integers(0, 2**32 - 1))
+def test_record_is_bit_identical_alone_and_in_any_batch_layout_and_isa(
+        dtype, d, pos, wb, out_shift, seed):
+    """Every x layout (paired with an out= layout, or none) under every ISA
+    gives the record's bits computed alone under the scalar ISA."""
+    rng = np.random.default_rng(seed)
+    batch = random_records(rng, dtype, BATCH, d)
+    w, b = random_params(rng, dtype, d, wb)
+    record = batch[pos].copy()
+    with kernel_settings(isa="scalar"):
+        want = lnc.layer_norm(record, w, b, return_stats=True)
+
+    for isa in lnc.supported_isas():
+        with kernel_settings(isa=isa):
+            assert_same_result(lnc.layer_norm(record, w, b, return_stats=True), want,
+                               f"{isa}: record alone")
+            for i, (name, layout) in enumerate(LAYOUTS.items()):
+                x = layout(batch)
+                out_layout = OUT_LAYOUTS[(i + out_shift) % len(OUT_LAYOUTS)]
+                out = None if out_layout is None else LAYOUTS[out_layout](np.zeros_like(batch))
+                res = lnc.layer_norm(x, layout_1d(name, w), layout_1d(name, b), out=out,
+                                     return_stats=True)
+                if out is not None:
+                    assert res.y is out
+                got = (res.y[pos], res.mean[pos], res.var[pos])
+                assert_same_result(got, want, f"{isa}, x layout {name}, out {out_layout}")
+
+
+@given(dtype=st.sampled_from(FLOAT_DTYPES), d=feature_counts,
+       pos=st.integers(0, BATCH - 1), seed=st.integers(0, 2**32 - 1))
+def test_record_is_bit_identical_in_3d_and_along_other_axes(dtype, d, pos, seed):
+    """The same record inside (4, 25, d), along axis 0 of a (d, 100) array,
+    and split over two axes (joint tuple axis) of a (100, d, 1) array."""
+    rng = np.random.default_rng(seed)
+    batch = random_records(rng, dtype, BATCH, d)
+    w, b = random_params(rng, dtype, d, "wb")
+    want = lnc.layer_norm(batch[pos].copy(), w, b, return_stats=True)
+
+    res = lnc.layer_norm(batch.reshape(4, 25, d), w, b, return_stats=True)
+    assert_same_result(_record_of(res, pos, lambda a: a.reshape(BATCH, *a.shape[2:])),
+                       want, "(4, 25, d)")
+
+    res = lnc.layer_norm(np.ascontiguousarray(batch.T), w, b, axis=0, return_stats=True)
+    assert_same_result((res.y.T[pos], res.mean[pos], res.var[pos]), want, "axis=0")
+
+    res = lnc.layer_norm(batch[:, :, None], w[:, None], b[:, None], axis=(1, 2),
+                         return_stats=True)
+    assert_same_result((res.y[pos, :, 0], res.mean[pos], res.var[pos]), want, "axis=(1, 2)")
+
+
+@given(dtype=st.sampled_from(FLOAT_DTYPES), d=st.integers(1, 300), seed=st.integers(0, 2**32 - 1))
+def test_reversed_feature_axis_is_the_reversed_record(dtype, d, seed):
+    """x[:, ::-1] holds other records (the reversed ones): each row's result
+    is that of the reversed record computed alone."""
+    rng = np.random.default_rng(seed)
+    batch = random_records(rng, dtype, 8, d)
+    res = lnc.layer_norm(batch[:, ::-1], return_stats=True)
+    for r in range(8):
+        alone = lnc.layer_norm(batch[r, ::-1].copy(), return_stats=True)
+        assert_same_result((res.y[r], res.mean[r], res.var[r]), alone, f"row {r}")
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+def test_thread_count_does_not_change_bits(isa, dtype):
+    """A batch above thread_threshold(), split over 1, 2 or 3 threads."""
+    d = 1000
+    n = 3 * lnc.thread_threshold() // (d * dtype.itemsize) + 7
+    rng = np.random.default_rng(5)
+    batch = random_records(rng, dtype, n, d)
+    w, b = random_params(rng, dtype, d, "wb")
+    assert batch.nbytes > lnc.thread_threshold()
+
+    lnc.set_num_threads(1)
+    want = lnc.layer_norm(batch, w, b, return_stats=True)
+    for threads in (2, 3):
+        lnc.set_num_threads(threads)
+        assert_same_result(lnc.layer_norm(batch, w, b, return_stats=True), want,
+                           f"{threads} threads")
+        # Column-strided input too (every record staged by its thread).
+        strided = LAYOUTS["col_strided"](batch)
+        assert_same_result(lnc.layer_norm(strided, w, b, return_stats=True), want,
+                           f"{threads} threads, strided")
+    # Records at every split point equal the record alone.
+    for r in sorted({0, n // 3 - 1, n // 3, n // 2 - 1, n // 2, n - 1}):
+        alone = lnc.layer_norm(batch[r].copy(), w, b, return_stats=True)
+        assert_same_result((want.y[r], want.mean[r], want.var[r]), alone, f"record {r}")
+
+
+@pytest.fixture(scope="module")
+def large_batches():
+    """Batches large enough for every big-data path: threads, and streaming
+    stores of outputs over 32 MB (float32/float64; float16 outputs are
+    always staged); rows of odd length, so records start at every alignment."""
+    rng = np.random.default_rng(13)
+    d = 1027
+    size = {F16: 8 << 20, F32: 34 << 20, F64: 34 << 20}
+    return {dt: random_records(rng, dt, size[dt] // (d * dt.itemsize) + 1, d)
+            for dt in FLOAT_DTYPES}
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+def test_large_batches_same_bits_alone_in_place_and_threaded(isa, dtype, large_batches):
+    batch = large_batches[dtype]
+    n, d = batch.shape
+    w, b = random_params(np.random.default_rng(14), dtype, d, "wb")
+    res = lnc.layer_norm(batch, w, b, return_stats=True)
+    for r in (0, 1, 7, n // 2, n - 2, n - 1):
+        alone = lnc.layer_norm(batch[r].copy(), w, b, return_stats=True)
+        assert_same_result((res.y[r], res.mean[r], res.var[r]), alone, f"record {r}")
+    inplace = batch.copy()
+    lnc.layer_norm(inplace, w, b, out=inplace)
+    assert_same_bits(inplace, res.y, "in place")
+    del inplace
+    lnc.set_num_threads(1)
+    assert_same_bits(lnc.layer_norm(batch, w, b), res.y, "one thread")
+
+
+def test_every_isa_matches_scalar_on_all_tails(restore_settings):
+    """All d from 1 to 130 (every tail length of the 32-lane blocks, of the
+    8/16-wide apply loops and of the float16 conversions) in every dtype."""
+    rng = np.random.default_rng(11)
+    for dtype in FLOAT_DTYPES:
+        for d in range(1, 131):
+            x = random_records(rng, dtype, 3, d)
+            w, b = random_params(rng, dtype, d, "wb")
+            lnc.set_isa("scalar")
+            want = lnc.layer_norm(x, w, b, return_stats=True)
+            for isa in lnc.supported_isas():
+                lnc.set_isa(isa)
+                assert_same_result(lnc.layer_norm(x, w, b, return_stats=True), want,
+                                   f"{isa}, {dtype}, d={d}")
+
+
+def test_isa_settings_round_trip(restore_settings):
+    assert "scalar" in lnc.supported_isas()
+    assert lnc.get_isa() in lnc.supported_isas()
+    for isa in lnc.supported_isas():
+        lnc.set_isa(isa)
+        assert lnc.get_isa() == isa
+    lnc.set_num_threads(3)
+    assert lnc.get_num_threads() == 3
+
+
+def test_results_do_not_depend_on_earlier_calls():
+    """Nothing carries over between calls: the same input again, after other
+    calls with other shapes and dtypes, gives the same bits."""
+    rng = np.random.default_rng(12)
+    x = random_records(rng, np.float32, 5, 77)
+    first = lnc.layer_norm(x, return_stats=True)
+    for dtype in FLOAT_DTYPES:
+        lnc.layer_norm(random_records(rng, dtype, 9, 130), return_stats=True)
+    assert_same_result(lnc.layer_norm(x, return_stats=True), first)
+    assert_same_bits(lnc.layer_norm(x), first.y)

@@ -1,0 +1,211 @@
+"""Numerical quality: accuracy with large offsets, float16 range and eps,
+constant rows, and NaN/Inf staying inside their own record."""
+import math
+from fractions import Fraction
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import layernorm_c as lnc
+from core_strategies import (F16, F64, FLOAT_DTYPES, Y_TOL, WB_COMBOS, assert_same_bits,
+                             assert_same_result, finite_values, kernel_settings, random_params)
+
+
+# ------------------------------------------------------------ float32 offsets
+
+@pytest.mark.parametrize("offset", [0.0, 1.0, 1e2, 1e3, 1e4, -1e4])
+@pytest.mark.parametrize("d", [2, 3, 31, 33, 768, 4097, 65536])
+def test_float32_accurate_with_large_offset(offset, d):
+    """Rows N(offset, 1) in float32: the output stays within 1e-5 of the
+    float64 reference of the same float32 input (a float32 mean, or
+    E[x^2] - E[x]^2, would be off by far more at offset 1e4)."""
+    rng = np.random.default_rng(d)
+    x = (offset + rng.standard_normal((4 if d < 65536 else 2, d))).astype(np.float32)
+    y, mean, var = lnc.layer_norm(x, return_stats=True)
+    ref = lnc.reference_layer_norm(x)
+    assert np.max(np.abs(y - ref.y)) <= 1e-5
+    # Statistics (float32): the mean to its float32 rounding plus 1e-6 of the
+    # spread, the variance to 1e-6 relative.
+    std = np.sqrt(ref.var)
+    mean_tol = np.spacing(np.abs(ref.mean).astype(np.float32)) + 1e-6 * std
+    assert np.all(np.abs(mean - ref.mean) <= mean_tol)
+    assert np.all(np.abs(var - ref.var) <= 1e-6 * ref.var)
+
+
+# ------------------------------------------------------------ float64 accuracy
+
+def _exact_layer_norm(row, eps):
+    """Mean and variance exactly (rationals), y to a few ulps."""
+    vals = [Fraction(v) for v in row.tolist()]
+    mean = sum(vals) / len(vals)
+    var = sum((v - mean) ** 2 for v in vals) / len(vals)
+    rstd = 1.0 / math.sqrt(float(var + Fraction(eps)))
+    return np.array([float(v - mean) * rstd for v in vals]), float(mean), float(var)
+
+
+@pytest.mark.parametrize("offset", [0.0, 10.0, 1e3, 1e4])
+@pytest.mark.parametrize("d", [1, 5, 33, 1000, 4097])
+def test_float64_relative_error_against_exact_arithmetic(offset, d):
+    """float64 output within ~1e-12 relative of the exact result (the mean's
+    own rounding, relative to the offset, dominates beyond offset/std 1e3)."""
+    rng = np.random.default_rng(d + 7)
+    x = offset + rng.standard_normal((2, d))
+    y, mean, var = lnc.layer_norm(x, eps=1e-5, return_stats=True)
+    tol = 1e-12 * max(1.0, abs(offset) / 1e3)
+    for i in range(len(x)):
+        ey, emean, evar = _exact_layer_norm(x[i], 1e-5)
+        assert np.max(np.abs(y[i] - ey) / (1 + np.abs(ey))) <= tol
+        assert abs(mean[i] - emean) <= 1e-14 * np.max(np.abs(x[i]))
+        assert abs(var[i] - evar) <= 1e-13 * evar
+
+
+# ------------------------------------------------------------ float16
+
+@pytest.mark.parametrize("d", [2, 4, 33, 1000])
+def test_float16_extremes_never_overflow(d):
+    rows = np.zeros((3, d), np.float16)
+    rows[0, :2] = [65504, -65504]                 # mean 0, huge variance
+    rows[1, :] = 65504
+    rows[1, -1] = -65504                          # mean near the top of the range
+    rows[2, :] = np.linspace(-65504, 65504, d)    # the whole range
+    w = np.full(d, 1.5, np.float16)
+    b = np.full(d, -0.25, np.float16)
+    for params in [(None, None), (w, b)]:
+        res = lnc.layer_norm(rows, *params, return_stats=True)
+        assert np.all(np.isfinite(res.y)) and np.all(np.isfinite(res.mean))
+        assert np.all(np.isfinite(res.var))
+        ref = lnc.reference_layer_norm(rows, *params)
+        assert np.all(np.abs(res.y - ref.y) <= Y_TOL[F16] * (1 + np.abs(ref.y)))
+    y0 = lnc.layer_norm(rows[0, :2])
+    assert y0.tolist() == [1.0, -1.0]
+
+
+def test_float16_random_full_range_is_finite_and_accurate():
+    rng = np.random.default_rng(16)
+    x = rng.uniform(-65504, 65504, (50, 77)).astype(np.float16)
+    y = lnc.layer_norm(x)
+    assert np.all(np.isfinite(y))
+    ref = lnc.reference_layer_norm(x).y
+    assert np.all(np.abs(y - ref) <= Y_TOL[F16] * (1 + np.abs(ref)))
+
+
+@pytest.mark.parametrize("call", ["layer_norm", "ufunc"])
+def test_float16_eps_is_not_rounded_to_float16(call):
+    """var = 2**-22 ~ 2.4e-7 here, so eps = 1e-8 moves y by 2%; rounded to
+    float16, eps would be 0 (y = +-1) or 2**-24 ~ 6e-8 (y = +-0.894)."""
+    x = np.array([1, 1 + 2 ** -10] * 4, np.float16)
+    if call == "layer_norm":
+        y, _, var = lnc.layer_norm(x, eps=1e-8, return_stats=True)
+        assert var == 2.0 ** -22
+    else:
+        one, zero = np.ones(8, np.float16), np.zeros(8, np.float16)
+        y = lnc.layer_norm_ufunc(x, one, zero, 1e-8)
+    assert y.dtype == F16
+    want = lnc.reference_layer_norm(x, eps=1e-8).y          # +-0.9796
+    tol = Y_TOL[F16] * (1 + np.abs(want))
+    assert np.all(np.abs(y - want) <= tol)
+    for rounded_eps in {float(np.float16(1e-8)), 2.0 ** -24}:
+        other = lnc.reference_layer_norm(x, eps=rounded_eps).y
+        assert np.all(np.abs(other - want) > 2 * tol), "test case not discriminating"
+
+
+# ------------------------------------------------------------ constant rows
+
+@given(dtype=st.sampled_from(FLOAT_DTYPES), d=st.integers(1, 300), data=st.data())
+def test_constant_rows_give_the_bias(dtype, d, data):
+    c = data.draw(finite_values(dtype, 1e4 if dtype == F16 else 1e6), "c")
+    rng = np.random.default_rng(d)
+    w, b = random_params(rng, dtype, d, "wb")
+    x = np.full((2, d), c, dtype)
+    y, mean, var = lnc.layer_norm(x, w, b, return_stats=True)
+    no_bias = lnc.layer_norm(x, w)
+    if dtype == F64:
+        # The float64 mean of d equal values may be off by an ulp of c.
+        np.testing.assert_allclose(y, np.broadcast_to(b, y.shape), rtol=0, atol=1e-3)
+        np.testing.assert_allclose(no_bias, 0.0, atol=1e-3)
+    else:
+        # float16/float32 are summed exactly in float64: exactly the bias.
+        assert_same_bits(y, np.broadcast_to(b, y.shape))
+        assert np.all(no_bias == 0)
+        assert np.all(mean == np.float32(c)) and np.all(var == 0)
+
+
+@pytest.mark.parametrize("d", [1, 3, 7, 100])
+def test_float64_constant_rows_of_exact_values_give_exactly_the_bias(d):
+    """When the sum is exact (small integers), float64 is exact too."""
+    x = np.full((3, d), 7.0)
+    b = np.linspace(-1, 1, d)
+    assert_same_bits(lnc.layer_norm(x, np.full(d, 3.0), b), np.broadcast_to(b, x.shape))
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+def test_constant_rows_with_tiny_positive_eps_give_the_bias(dtype):
+    """eps = 1e-300 is valid (finite, > 0): y = 0 / sqrt(0 + eps) * w + b = b.
+    1/sqrt(eps) exceeds the float32 range, which must not turn 0 into NaN."""
+    x = np.full((2, 4), 3.0, dtype)
+    b = np.array([0.5, -1, 2, 0], dtype)
+    with np.errstate(all="ignore"):
+        y = lnc.layer_norm(x, np.ones(4, dtype), b, eps=1e-300)
+        y0 = lnc.layer_norm(x, eps=1e-300)
+    np.testing.assert_array_equal(y, np.broadcast_to(b, x.shape))
+    np.testing.assert_array_equal(y0, 0.0)
+
+
+def test_float32_tiny_variance_with_eps_0_is_normalized():
+    """Subnormal float32 spread, eps = 0: var ~ 2.5e-79, y must still be
+    [-1, 1] (the reference gives exactly that), not 1/sqrt(var) overflowing."""
+    x = np.array([0, 1e-39], np.float32)
+    np.testing.assert_array_equal(lnc.reference_layer_norm(x, eps=0.0).y, [-1, 1])
+    with np.errstate(all="ignore"):
+        y = lnc.layer_norm(x, eps=0.0)
+    np.testing.assert_allclose(y, [-1, 1], rtol=1e-6)
+
+
+def test_float32_inputs_near_the_top_of_the_range_give_finite_output():
+    """Finite float32 inputs have a finite normalized output
+    (|y| <= sqrt(d - 1)); x - mean must not overflow in float32."""
+    x = np.array([3e38, -3e38, -3e38], np.float32)
+    want = lnc.reference_layer_norm(x).y                 # [1.414, -0.707, -0.707]
+    with np.errstate(all="ignore"):
+        y = lnc.layer_norm(x)
+    assert np.all(np.isfinite(y)), f"got {y}"
+    np.testing.assert_allclose(y, want, atol=1e-5)
+
+
+# ------------------------------------------------------------ NaN / Inf
+
+@given(dtype=st.sampled_from(FLOAT_DTYPES), d=st.integers(1, 100), n=st.integers(2, 8),
+       wb=st.sampled_from(WB_COMBOS), data=st.data())
+def test_nan_and_inf_stay_inside_their_record(dtype, d, n, wb, data):
+    rng = np.random.default_rng(d * 31 + n)
+    x = (rng.standard_normal((n, d)) * 3).astype(dtype)
+    w, b = random_params(rng, dtype, d, wb)
+    bad_rows = data.draw(st.sets(st.integers(0, n - 1), min_size=1, max_size=n - 1), "rows")
+    for r in bad_rows:
+        pos = data.draw(st.lists(st.integers(0, d - 1), min_size=1, max_size=3), "positions")
+        x[r, pos] = data.draw(st.sampled_from([np.nan, np.inf, -np.inf]), "value")
+    for isa in lnc.supported_isas():
+        with kernel_settings(isa=isa), np.errstate(invalid="ignore"):
+            res = lnc.layer_norm(x, w, b, return_stats=True)
+            alone = {r: lnc.layer_norm(x[r], w, b, return_stats=True)
+                     for r in range(n) if r not in bad_rows}
+        for r in range(n):
+            if r in bad_rows:
+                assert np.all(np.isnan(res.y[r])), f"record {r} must be all NaN"
+                assert np.isnan(res.var[r]) and not np.isfinite(res.mean[r])
+            else:
+                assert np.all(np.isfinite(res.y[r]))
+                assert_same_result((res.y[r], res.mean[r], res.var[r]), alone[r],
+                                   f"{isa}: record {r}")
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("row", [[np.inf, np.inf], [np.inf, -np.inf], [np.nan],
+                                 [1.0, np.nan, 2.0]])
+def test_non_finite_records_are_all_nan(dtype, row):
+    with np.errstate(invalid="ignore"):
+        y = lnc.layer_norm(np.array(row, dtype), np.ones(len(row), dtype),
+                           np.zeros(len(row), dtype))
+    assert np.all(np.isnan(y))
