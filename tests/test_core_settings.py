@@ -1,0 +1,77 @@
+"""The kernel settings: instruction-set level and thread count, from the
+environment at import time and from the setter functions."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import layernorm_c as lnc
+
+PACKAGE_PARENT = Path(lnc.__file__).resolve().parents[1]
+
+
+def _import_and_report(env_vars):
+    """Import layernorm_c in a fresh interpreter with env_vars set; return
+    (isa, threads, stderr)."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("LAYERNORM_C_ISA", "LAYERNORM_C_NUM_THREADS")}
+    env.update(env_vars)
+    code = ("import warnings; warnings.simplefilter('always');"
+            "import layernorm_c as lnc; print(lnc.get_isa(), lnc.get_num_threads())")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=PACKAGE_PARENT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    isa, threads = proc.stdout.split()
+    return isa, int(threads), proc.stderr
+
+
+@pytest.mark.parametrize("isa", lnc.supported_isas())
+def test_environment_forces_each_supported_isa(isa):
+    got, _, stderr = _import_and_report({"LAYERNORM_C_ISA": isa})
+    assert got == isa
+    assert "Warning" not in stderr
+
+
+def test_default_isa_is_the_widest_supported():
+    got, _, _ = _import_and_report({})
+    assert got == lnc.supported_isas()[-1]
+
+
+def test_unknown_isa_in_environment_warns_and_keeps_the_default():
+    got, _, stderr = _import_and_report({"LAYERNORM_C_ISA": "sse9"})
+    assert got == lnc.supported_isas()[-1]
+    assert "LAYERNORM_C_ISA ignored" in stderr and "sse9" in stderr
+
+
+def test_environment_sets_the_thread_count():
+    _, threads, _ = _import_and_report({"LAYERNORM_C_NUM_THREADS": "3"})
+    assert threads == 3
+
+
+@pytest.mark.parametrize("bad", ["zero", "0", "-2"])
+def test_bad_thread_count_in_environment_warns(bad):
+    _, threads, stderr = _import_and_report({"LAYERNORM_C_NUM_THREADS": bad})
+    assert threads >= 1
+    assert "LAYERNORM_C_NUM_THREADS ignored" in stderr
+
+
+def test_supported_isas_start_with_scalar_and_name_known_levels():
+    isas = lnc.supported_isas()
+    assert isas[0] == "scalar"
+    assert set(isas) <= {"scalar", "avx2", "avx512"}
+
+
+def test_setters_round_trip(restore_settings):
+    for isa in lnc.supported_isas():
+        lnc.set_isa(isa)
+        assert lnc.get_isa() == isa
+    lnc.set_num_threads(5)
+    assert lnc.get_num_threads() == 5
+
+
+def test_thread_threshold_keeps_small_calls_single_threaded():
+    # A (1, 768) float32 call is far below the size at which threads start.
+    assert lnc.thread_threshold() > np.zeros((1, 768), np.float32).nbytes
