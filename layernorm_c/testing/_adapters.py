@@ -1,0 +1,325 @@
+"""Adapters: bring any LayerNorm to the one calling convention the checks
+use, ``call(x, weight, bias, eps)`` on NumPy arrays.
+
+An implementation may take fewer arguments (no weight, no bias, no eps), take
+them as keywords, live in PyTorch or JAX, or only support one feature size
+or one leading shape; :class:`Implementation` records all of that so every
+check can adapt its inputs.
+"""
+from __future__ import annotations
+
+import copy
+import sys
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Optional, Tuple
+
+import numpy as np
+
+__all__ = ["Implementation", "adapt", "from_torch", "from_jax", "DEFAULT_SIGNATURE",
+           "FRAMEWORKS", "OutputError"]
+
+#: The default calling convention: ``fn(x, weight, bias, eps)``.
+DEFAULT_SIGNATURE = "x, weight, bias, eps"
+FRAMEWORKS = ("auto", "numpy", "torch", "jax")
+_ARGUMENTS = ("x", "weight", "bias", "eps")
+
+
+class OutputError(TypeError):
+    """The implementation returned something that is not an array."""
+
+
+def _converted(y: Any, convert: Callable[[Any], np.ndarray]) -> np.ndarray:
+    try:
+        return convert(y)
+    except Exception as exc:
+        raise OutputError(f"returned a {type(y).__name__}, which is not an array "
+                          f"({type(exc).__name__}: {exc})") from exc
+
+
+@dataclass(frozen=True)
+class Implementation:
+    """A LayerNorm under audit, brought to ``call(x, weight, bias, eps)``.
+
+    Build one with :func:`adapt`, :func:`from_torch` or :func:`from_jax`
+    rather than directly.
+
+    Attributes
+    ----------
+    call : callable
+        ``call(x, weight, bias, eps)`` with NumPy ``x`` (and ``weight``,
+        ``bias`` of shape ``(d,)`` or None, ``eps`` a float); returns the
+        output as a NumPy array.
+    name : str
+        How reports name the implementation.
+    takes_weight, takes_bias, takes_eps : bool
+        Which arguments the implementation accepts. The checks pass ``None``
+        for the ones it does not take, and skip what they cannot probe.
+    eps : float or None
+        The eps the implementation uses itself, when it takes none.
+    d : int or None
+        The only feature size (last axis) it supports, if fixed.
+    leading_shape : tuple of int or None
+        The only leading shape (``x.shape[:-1]``) it supports, if fixed.
+    framework : str
+        ``'numpy'``, ``'torch'`` or ``'jax'``: what it is called with.
+    """
+
+    call: Callable[..., np.ndarray]
+    name: str
+    takes_weight: bool = True
+    takes_bias: bool = True
+    takes_eps: bool = True
+    eps: Optional[float] = None
+    d: Optional[int] = None
+    leading_shape: Optional[Tuple[int, ...]] = None
+    framework: str = "numpy"
+
+    def restricted(self, d: Optional[int] = None,
+                   leading_shape: Optional[Tuple[int, ...]] = None) -> "Implementation":
+        """A copy that also declares a fixed ``d`` and/or leading shape."""
+        changes = {}
+        if d is not None:
+            if self.d is not None and self.d != d:
+                raise ValueError(f"d: {self.name} only supports d={self.d}, got d={d}")
+            changes["d"] = int(d)
+        if leading_shape is not None:
+            changes["leading_shape"] = tuple(int(n) for n in leading_shape)
+        return replace(self, **changes) if changes else self
+
+
+def _parse_signature(signature: str) -> Tuple[Tuple[str, ...], Tuple[str, ...]]:
+    """``"x, weight, *, eps"`` -> positional ``('x', 'weight')``, keyword
+    ``('eps',)``."""
+    if not isinstance(signature, str):
+        raise TypeError(f"signature: expected a str such as {DEFAULT_SIGNATURE!r}, "
+                        f"got {type(signature).__name__}")
+    positional, keyword = [], []
+    target = positional
+    for token in (t.strip() for t in signature.split(",")):
+        if token == "*":
+            target = keyword
+            continue
+        if token not in _ARGUMENTS:
+            raise ValueError(f"signature: unknown argument {token!r} in {signature!r}; "
+                             f"expected names among {_ARGUMENTS} (and '*' before keywords)")
+        target.append(token)
+    names = positional + keyword
+    if len(set(names)) != len(names):
+        raise ValueError(f"signature: repeated argument in {signature!r}")
+    if "x" not in positional:
+        raise ValueError(f"signature: expected 'x' as a positional argument, got {signature!r}")
+    return tuple(positional), tuple(keyword)
+
+
+def _numpy_out(y: Any) -> np.ndarray:
+    return np.asarray(y)
+
+
+def _torch_out(y: Any) -> np.ndarray:
+    if hasattr(y, "detach"):
+        y = y.detach().cpu()
+        if str(y.dtype) == "torch.bfloat16":
+            y = y.float()
+        return y.numpy()
+    return np.asarray(y)
+
+
+def _name_of(fn: Any) -> str:
+    name = (getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None)
+            or type(fn).__name__)
+    module = getattr(fn, "__module__", None)
+    return f"{module}.{name}" if module and module not in ("__main__", "builtins") else name
+
+
+def _framework_of(fn: Any) -> str:
+    """Guess the framework of ``fn`` without importing any."""
+    torch = sys.modules.get("torch")
+    if torch is not None and (isinstance(fn, torch.nn.Module) or _is_torch_layer_norm(torch, fn)):
+        return "torch"
+    module = getattr(type(fn), "__module__", "") or ""
+    if module.split(".")[0] in ("jax", "jaxlib"):
+        return "jax"
+    return "numpy"
+
+
+def _is_torch_layer_norm(torch, fn: Any) -> bool:
+    """Whether ``fn`` is ``F.layer_norm`` (or ``torch.layer_norm``), whose
+    second argument is the normalized shape."""
+    return fn is torch.nn.functional.layer_norm or fn is torch.layer_norm
+
+
+def adapt(fn: Any, signature: Optional[str] = None, framework: str = "auto", *,
+          name: Optional[str] = None, d: Optional[int] = None,
+          leading_shape: Optional[Tuple[int, ...]] = None) -> Implementation:
+    """Wrap a LayerNorm callable for the checks.
+
+    Parameters
+    ----------
+    fn : callable or Implementation
+        The LayerNorm under audit. An :class:`Implementation` is returned as
+        is (with ``d`` and ``leading_shape`` applied).
+    signature : str, optional
+        How ``fn`` takes its arguments: the names ``x``, ``weight``,
+        ``bias``, ``eps`` in order, comma separated; names after a ``*`` are
+        passed as keywords. Default ``"x, weight, bias, eps"``. Examples:
+        ``"x"`` (no parameters, eps built in), ``"x, eps"``,
+        ``"x, weight, eps"`` (gain only), ``"x, *, weight, bias, eps"``.
+        Ignored for a ``torch.nn.Module`` and ``F.layer_norm``, whose
+        conventions are known.
+    framework : {'auto', 'numpy', 'torch', 'jax'}, optional
+        What ``fn`` takes and returns. ``'numpy'`` passes NumPy arrays and
+        reads the result with ``np.asarray`` (anything array-like works);
+        ``'torch'`` passes CPU tensors; ``'jax'`` passes ``jax.numpy``
+        arrays. ``'auto'`` (default) picks torch for an ``nn.Module`` or
+        ``F.layer_norm``, jax for a jitted function, numpy otherwise.
+    name : str, optional
+        How reports name ``fn``; default its qualified name.
+    d : int, optional
+        The only feature size ``fn`` supports.
+    leading_shape : tuple of int, optional
+        The only leading shape ``x.shape[:-1]`` ``fn`` supports.
+
+    Returns
+    -------
+    Implementation
+
+    Raises
+    ------
+    ValueError
+        An unknown framework or a malformed signature.
+    ImportError
+        ``framework='torch'`` or ``'jax'`` without that package installed.
+    """
+    if isinstance(fn, Implementation):
+        return fn.restricted(d, leading_shape)
+    if not callable(fn):
+        raise TypeError(f"fn: expected a callable LayerNorm, got {type(fn).__name__}")
+    if framework not in FRAMEWORKS:
+        raise ValueError(f"framework: expected one of {FRAMEWORKS}, got {framework!r}")
+    if framework == "auto":
+        framework = _framework_of(fn)
+    if framework == "torch":
+        impl = _adapt_torch(fn, signature)
+    else:
+        convert_in = _jax_converter() if framework == "jax" else _numpy_in
+        impl = _adapt_function(fn, signature or DEFAULT_SIGNATURE, convert_in, _numpy_out)
+    impl = replace(impl, framework=framework)
+    if name is not None:
+        impl = replace(impl, name=name)
+    return impl.restricted(d, leading_shape)
+
+
+def _numpy_in(a: np.ndarray) -> np.ndarray:
+    return a
+
+
+def _jax_converter() -> Callable[[np.ndarray], Any]:
+    import jax.numpy as jnp  # an ImportError here names the missing package
+
+    return jnp.asarray
+
+
+def _adapt_function(fn, signature: str, convert_in, convert_out) -> Implementation:
+    positional, keyword = _parse_signature(signature)
+    names = positional + keyword
+
+    def call(x, weight, bias, eps):
+        values = {"x": x, "weight": weight, "bias": bias}
+        values = {k: (None if v is None else convert_in(v)) for k, v in values.items()}
+        values["eps"] = eps
+        args = [values[n] for n in positional]
+        kwargs = {n: values[n] for n in keyword}
+        return _converted(fn(*args, **kwargs), convert_out)
+
+    return Implementation(call, _name_of(fn), "weight" in names, "bias" in names, "eps" in names)
+
+
+def _adapt_torch(fn, signature: Optional[str]) -> Implementation:
+    import torch
+
+    if isinstance(fn, torch.nn.Module):
+        return _adapt_torch_module(torch, fn)
+    if _is_torch_layer_norm(torch, fn):
+        def layer_norm(x, weight, bias, eps):
+            return fn(x, x.shape[-1:], weight, bias, eps)
+
+        impl = _adapt_function(layer_norm, DEFAULT_SIGNATURE, torch.from_numpy, _torch_out)
+        return replace(impl, name=f"torch.nn.functional.{fn.__name__}")
+    return _adapt_function(fn, signature or DEFAULT_SIGNATURE, torch.from_numpy, _torch_out)
+
+
+def _adapt_torch_module(torch, module) -> Implementation:
+    """Audit a copy of ``module``: its ``weight`` and ``bias`` (if any) are
+    overwritten with each check's parameters, its own eps is used."""
+    module = copy.deepcopy(module)
+    weight = getattr(module, "weight", None)
+    bias = getattr(module, "bias", None)
+    takes_weight = isinstance(weight, torch.Tensor)
+    takes_bias = isinstance(bias, torch.Tensor)
+    normalized_shape = getattr(module, "normalized_shape", None)
+    if normalized_shape is not None and len(normalized_shape) != 1:
+        raise ValueError(f"module: only LayerNorm over the last axis can be audited; "
+                         f"{type(module).__name__} has normalized_shape {tuple(normalized_shape)}")
+    d = (normalized_shape[0] if normalized_shape is not None
+         else weight.shape[-1] if takes_weight else None)
+    eps = getattr(module, "eps", None)
+
+    def call(x, w, b, _eps):
+        tx = torch.from_numpy(x)
+        with torch.no_grad():
+            module.to(tx.dtype)
+            if w is not None:
+                module.weight.copy_(torch.from_numpy(w))
+            if b is not None:
+                module.bias.copy_(torch.from_numpy(b))
+            return _converted(module(tx), _torch_out)
+
+    return Implementation(call, type(module).__name__, takes_weight, takes_bias, False,
+                          None if eps is None else float(eps), d)
+
+
+def from_torch(fn: Any, signature: Optional[str] = None, **options) -> Implementation:
+    """Adapt a PyTorch LayerNorm: an ``nn.Module``, ``F.layer_norm``, or a
+    function of tensors.
+
+    A module is audited through a private copy: its ``weight`` and ``bias``
+    are overwritten with the checks' parameters, its ``eps`` is used and
+    its feature size is fixed to ``normalized_shape``. ``F.layer_norm`` is
+    called as ``F.layer_norm(x, x.shape[-1:], weight, bias, eps)``.
+
+    Parameters
+    ----------
+    fn : torch.nn.Module or callable
+        The implementation.
+    signature : str, optional
+        For a plain function: see :func:`adapt`.
+    **options
+        ``name``, ``d``, ``leading_shape``: see :func:`adapt`.
+
+    Returns
+    -------
+    Implementation
+    """
+    return adapt(fn, signature, "torch", **options)
+
+
+def from_jax(fn: Any, signature: Optional[str] = None, **options) -> Implementation:
+    """Adapt a JAX LayerNorm: inputs are passed as ``jax.numpy`` arrays.
+
+    JAX computes in float32 unless ``jax_enable_x64`` is set; a float64
+    audit of a JAX function without it reports the narrower output.
+
+    Parameters
+    ----------
+    fn : callable
+        The implementation (jitted or not).
+    signature : str, optional
+        See :func:`adapt`.
+    **options
+        ``name``, ``d``, ``leading_shape``: see :func:`adapt`.
+
+    Returns
+    -------
+    Implementation
+    """
+    return adapt(fn, signature, "jax", **options)

@@ -1,0 +1,178 @@
+"""Command line: ``python -m layernorm_c audit module:function [options]``.
+
+Runs the validation battery on an importable LayerNorm and prints the
+report; the exit code is 0 when every check passed (warnings allowed), 1 when
+one failed, 2 for a usage error (bad option, target not found).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import os
+import sys
+from pathlib import Path
+from typing import Any, List, Optional, Sequence
+
+from ._adapters import DEFAULT_SIGNATURE, FRAMEWORKS
+
+__all__ = ["main", "build_parser", "load_target"]
+
+PROG = "python -m layernorm_c audit"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``audit`` command."""
+    from . import describe_checks
+
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Validate a LayerNorm implementation: run every check of "
+                    "layernorm_c.testing and print what is wrong, if anything.",
+        epilog="checks:\n" + describe_checks(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("target", nargs="?",
+                        help="the implementation, as package.module:function (or "
+                             "path/to/file.py:function); attributes may be dotted, e.g. "
+                             "mymodel:net.norm for a torch module")
+    parser.add_argument("--signature", default=None,
+                        help=f"how the function takes its arguments (default "
+                             f"'{DEFAULT_SIGNATURE}'), e.g. 'x', 'x, eps', 'x, weight, eps', "
+                             "'x, *, weight, bias, eps'")
+    parser.add_argument("--framework", choices=FRAMEWORKS, default="auto",
+                        help="what the function takes and returns (default: auto)")
+    parser.add_argument("--dtype", choices=("float32", "float64", "float16"),
+                        default="float32", help="input dtype (default: float32)")
+    parser.add_argument("--eps", type=float, default=None,
+                        help="eps passed to the function, or the one it uses if it takes "
+                             "none (default 1e-5)")
+    parser.add_argument("--d", type=int, default=None,
+                        help="the only feature size the implementation supports")
+    parser.add_argument("--leading-shape", type=_shape, default=None, metavar="N[,N...]",
+                        help="the only leading shape x.shape[:-1] it supports, e.g. 8,128")
+    parser.add_argument("--checks", type=_names, default=None, metavar="NAME[,NAME...]",
+                        help="run only these checks")
+    parser.add_argument("--rtol", type=float, default=None, help="override the tolerance")
+    parser.add_argument("--atol", type=float, default=None, help="override the tolerance")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    parser.add_argument("--strict-batch-invariance", action="store_true",
+                        help="fail, not warn, when a record's bits depend on its batch")
+    parser.add_argument("--list-checks", action="store_true",
+                        help="list the checks and exit")
+    return parser
+
+
+def _shape(text: str) -> tuple:
+    try:
+        shape = tuple(int(n) for n in text.replace("x", ",").split(",") if n.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected integers such as 8,128, got {text!r}")
+    if not shape or min(shape) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers such as 8,128, got {text!r}")
+    return shape
+
+
+def _names(text: str) -> List[str]:
+    from ._checks import CHECKS
+
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in CHECKS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown checks {unknown}; expected names from "
+                                         f"{', '.join(CHECKS)}")
+    return names
+
+
+def load_target(spec: str) -> Any:
+    """Import ``package.module:attr.attr`` (or ``file.py:attr``).
+
+    Parameters
+    ----------
+    spec : str
+
+    Returns
+    -------
+    object
+
+    Raises
+    ------
+    ValueError
+        ``spec`` is malformed, or the module or attribute cannot be found.
+    """
+    module_name, sep, attrs = spec.partition(":")
+    if not sep or not module_name or not attrs:
+        raise ValueError(f"expected package.module:function, got {spec!r}")
+    if module_name.endswith(".py"):
+        module = _import_file(Path(module_name))
+    else:
+        if os.getcwd() not in sys.path and "" not in sys.path:
+            sys.path.insert(0, os.getcwd())  # as `python -m` would
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as exc:
+            raise ValueError(f"cannot import {module_name!r}: {exc}") from exc
+    obj = module
+    for attr in attrs.split("."):
+        try:
+            obj = getattr(obj, attr)
+        except AttributeError:
+            raise ValueError(f"{module_name!r} has no attribute {attrs!r}") from None
+    return obj
+
+
+def _import_file(path: Path):
+    if not path.is_file():
+        raise ValueError(f"no such file: {str(path)!r}")
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[path.stem] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run the ``audit`` command.
+
+    Parameters
+    ----------
+    argv : sequence of str, optional
+        The arguments after ``audit``; default ``sys.argv[1:]``.
+
+    Returns
+    -------
+    int
+        0 when no check failed, 1 when one did, 2 for a usage error.
+    """
+    from . import LayerNormAudit, describe_checks
+
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, or a usage error already printed
+        return exc.code if isinstance(exc.code, int) else 2
+    if args.list_checks:
+        print(describe_checks())
+        return 0
+    if args.target is None:
+        parser.print_usage(sys.stderr)
+        print(f"{PROG}: error: a target package.module:function is required", file=sys.stderr)
+        return 2
+    try:
+        fn = load_target(args.target)
+        audit = LayerNormAudit(fn, signature=args.signature, framework=args.framework,
+                               dtype=args.dtype, eps=args.eps, d=args.d,
+                               leading_shape=args.leading_shape, rtol=args.rtol,
+                               atol=args.atol, seed=args.seed,
+                               strict_batch_invariance=args.strict_batch_invariance,
+                               name=args.target)
+    except (ValueError, TypeError, ImportError) as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    report = audit.run(args.checks)
+    print(report)
+    return 0 if report.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,164 @@
+"""Numerical helpers of the checks: tolerances, ulp distances, and the
+float64 models of common LayerNorm defects an output is fitted against."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, Optional
+
+import numpy as np
+
+__all__ = ["Tolerance", "TOLERANCES", "ulp_distance", "model_layer_norm", "EPS_MODES",
+           "fit", "Fit"]
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """Elementwise ``|got - expected| <= atol + rtol * |expected|``."""
+
+    rtol: float
+    atol: float
+
+    def units(self, got: np.ndarray, expected: np.ndarray) -> np.ndarray:
+        """The error in multiples of the allowed error (inf where ``got`` is
+        not finite and ``expected`` is, 0 where both are the same non-finite
+        value)."""
+        got = np.asarray(got, np.float64)
+        expected = np.asarray(expected, np.float64)
+        with np.errstate(all="ignore"):
+            err = np.abs(got - expected) / (self.atol + self.rtol * np.abs(expected))
+        same = (got == expected) | (np.isnan(got) & np.isnan(expected))
+        return np.where(same, 0.0, np.where(np.isnan(err), np.inf, err))
+
+    def worst(self, got: np.ndarray, expected: np.ndarray) -> float:
+        """The largest error in tolerance units (1 is the limit)."""
+        u = self.units(got, expected)
+        return float(u.max()) if u.size else 0.0
+
+    def __str__(self) -> str:
+        return f"rtol={self.rtol:g}, atol={self.atol:g}"
+
+
+#: Default tolerances by output dtype, for outputs of order 1. float16 allows
+#: a few of its ulps; float32 allows what a float32 kernel with float32
+#: accumulation loses; float64 allows rounding, not a float32 detour.
+TOLERANCES: Dict[np.dtype, Tolerance] = {
+    np.dtype(np.float16): Tolerance(rtol=4e-3, atol=4e-3),
+    np.dtype(np.float32): Tolerance(rtol=1e-5, atol=1e-5),
+    np.dtype(np.float64): Tolerance(rtol=1e-12, atol=1e-12),
+}
+
+
+def ulp_distance(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """How many representable numbers apart ``a`` and ``b`` are,
+    elementwise (0 for bit-identical values, and for two NaNs).
+
+    ``a`` and ``b`` must have the same floating dtype; a NaN against a
+    number counts as the largest distance.
+    """
+    a = np.asarray(a)
+    b = np.asarray(b)
+    if a.dtype != b.dtype or a.dtype.kind != "f":
+        a, b = a.astype(np.float64), b.astype(np.float64)
+    bits = np.dtype(f"int{8 * a.dtype.itemsize}")
+
+    def ordered(v: np.ndarray) -> np.ndarray:
+        # Sign-magnitude to a monotone integer line, in int64 (no overflow
+        # for the widths used here; float64 magnitudes fit in 63 bits).
+        i = v.view(bits).astype(np.int64)
+        magnitude = i & np.int64(np.iinfo(bits).max)
+        return np.where(i < 0, -magnitude, magnitude)
+
+    dist = np.abs(ordered(a) - ordered(b)).astype(np.float64)
+    nan_a, nan_b = np.isnan(a), np.isnan(b)
+    dist = np.where(nan_a & nan_b, 0.0, dist)
+    return np.where(nan_a ^ nan_b, np.inf, dist)
+
+
+#: How eps enters the denominator, by name.
+EPS_MODES = ("variance", "std", "ignored", "twice")
+
+
+def model_layer_norm(x, weight=None, bias=None, eps: float = 1e-5, *, ddof: int = 0,
+                     eps_mode: str = "variance") -> np.ndarray:
+    """LayerNorm over the last axis in float64, with a chosen (possibly
+    defective) convention for the variance and for eps.
+
+    Parameters
+    ----------
+    x : array_like
+        Input records, last axis normalized.
+    weight, bias : array_like, optional
+        Gain and bias of shape ``(d,)``.
+    eps : float
+    ddof : {0, 1}
+        0 divides the variance by d (correct); 1 by d - 1 (sample
+        variance).
+    eps_mode : {'variance', 'std', 'ignored', 'twice'}
+        ``sqrt(var + eps)`` (correct), ``sqrt(var) + eps``, ``sqrt(var)``,
+        ``sqrt(var + 2 eps)``.
+
+    Returns
+    -------
+    ndarray of float64
+    """
+    x = np.asarray(x, np.float64)
+    centered = x - x.mean(axis=-1, keepdims=True)
+    d = x.shape[-1]
+    with np.errstate(all="ignore"):
+        var = (centered * centered).sum(axis=-1, keepdims=True) / (d - ddof)
+        denominator = {
+            "variance": lambda: np.sqrt(var + eps),
+            "std": lambda: np.sqrt(var) + eps,
+            "ignored": lambda: np.sqrt(var),
+            "twice": lambda: np.sqrt(var + 2 * eps),
+        }[eps_mode]()
+        y = centered / denominator
+    if weight is not None:
+        y = y * np.asarray(weight, np.float64)
+    if bias is not None:
+        y = y + np.asarray(bias, np.float64)
+    return y
+
+
+@dataclass(frozen=True)
+class Fit:
+    """Which candidate model explains an output best.
+
+    Attributes
+    ----------
+    best : str
+        The key of the best-fitting model.
+    scores : dict
+        Each model's worst error in tolerance units (<= 1 fits).
+    """
+
+    best: str
+    scores: Dict[str, float]
+
+    def fits(self, key: Optional[str] = None) -> bool:
+        """Whether model ``key`` (default: the best) is within tolerance."""
+        return self.scores[self.best if key is None else key] <= 1.0
+
+
+def fit(outputs, models: Dict[str, list], tol: Tolerance) -> Fit:
+    """Score every candidate model against the measured outputs.
+
+    Parameters
+    ----------
+    outputs : list of ndarray
+        What the implementation returned, one array per probe.
+    models : dict of str to list of ndarray
+        For each candidate, what it predicts for each probe.
+    tol : Tolerance
+
+    Returns
+    -------
+    Fit
+        Ties go to the first model listed, so list the correct one first.
+    """
+    scores = {
+        key: max(tol.worst(got, want) for got, want in zip(outputs, predictions))
+        for key, predictions in models.items()
+    }
+    best = min(scores, key=lambda k: scores[k])
+    return Fit(best, scores)

@@ -1,0 +1,198 @@
+"""The probe: how a check calls the implementation under audit.
+
+It casts inputs to the audit dtype, passes only the arguments the
+implementation takes, respects a fixed feature size or leading shape, turns
+the implementation's exceptions into :class:`ImplementationError`, and
+computes the float64 reference on exactly the values passed.
+"""
+from __future__ import annotations
+
+import math
+import warnings
+import zlib
+from typing import Optional, Tuple
+
+import numpy as np
+
+from .._reference import reference_layer_norm
+from ._adapters import Implementation, OutputError
+from ._numerics import Tolerance
+
+__all__ = ["Probe", "ImplementationError"]
+
+
+class ImplementationError(Exception):
+    """The implementation under audit raised, or returned something that is
+    not an array shaped like its input.
+
+    ``figure`` says which, in a few words, for the report.
+    """
+
+    def __init__(self, message: str, figure: str):
+        super().__init__(message)
+        self.figure = figure
+
+
+def _first_line(exc: Exception, limit: int = 200) -> str:
+    """An exception's message, cut to its first line and ``limit`` characters."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _describe(a) -> str:
+    return "None" if a is None else f"{a.dtype} {a.shape}"
+
+
+class Probe:
+    """Calls one implementation the way the checks need.
+
+    Parameters
+    ----------
+    impl : Implementation
+    dtype : numpy dtype
+        The audit dtype: every input is cast to it.
+    eps : float
+        The eps passed (or, for an implementation that takes none, the eps
+        it uses).
+    tol : Tolerance
+        Allowed error for outputs of the audit dtype.
+    seed : int
+        Seed of the random inputs (each check draws its own stream).
+    strict_batch_invariance : bool
+        Whether a result that changes bits with the batch around it fails
+        (default: a warning).
+    """
+
+    def __init__(self, impl: Implementation, dtype: np.dtype, eps: float, tol: Tolerance,
+                 seed: int = 0, strict_batch_invariance: bool = False):
+        self.impl = impl
+        self.dtype = np.dtype(dtype)
+        self.eps = float(eps)
+        self.tol = tol
+        self.seed = seed
+        self.strict_batch_invariance = strict_batch_invariance
+
+    # -- shapes -----------------------------------------------------------
+    def rng(self, stream: str) -> np.random.Generator:
+        """A random generator for one check, independent of the others."""
+        return np.random.default_rng([self.seed, zlib.crc32(stream.encode())])
+
+    def d(self, preferred: int) -> int:
+        """The feature size to use: the implementation's fixed one, if any."""
+        return self.impl.d if self.impl.d is not None else preferred
+
+    def lead(self, preferred: Tuple[int, ...]) -> Tuple[int, ...]:
+        """The leading shape to use: the implementation's fixed one, if any."""
+        fixed = self.impl.leading_shape
+        return fixed if fixed is not None else tuple(preferred)
+
+    @property
+    def fixed_lead(self) -> bool:
+        return self.impl.leading_shape is not None
+
+    # -- inputs -----------------------------------------------------------
+    def cast(self, a, dtype=None) -> np.ndarray:
+        """``a`` in the audit dtype (or ``dtype``), as a new C-contiguous array."""
+        return np.array(a, dtype=self.dtype if dtype is None else dtype)
+
+    def params(self, weight=None, bias=None, dtype=None):
+        """``(weight, bias)`` cast, each None if the implementation does not
+        take it."""
+        w = self.cast(weight, dtype) if weight is not None and self.impl.takes_weight else None
+        b = self.cast(bias, dtype) if bias is not None and self.impl.takes_bias else None
+        return w, b
+
+    def identity_params(self, d: int, dtype=None):
+        """Gain 1 and bias 0, for the arguments the implementation takes."""
+        return self.params(np.ones(d), np.zeros(d), dtype)
+
+    # -- calls ------------------------------------------------------------
+    def call_raw(self, x: np.ndarray, weight=None, bias=None, eps: Optional[float] = None,
+                 *, copy: bool = True) -> np.ndarray:
+        """The implementation's output as returned (its own dtype).
+
+        Parameters
+        ----------
+        x, weight, bias : ndarray or None
+            Already cast; ``weight``/``bias`` already None where not taken.
+        eps : float, optional
+            Default: the audit eps. Only an implementation that takes eps
+            may be given another.
+        copy : bool
+            Pass copies, so an implementation that writes into its inputs
+            cannot spoil the reference computed from them.
+
+        Raises
+        ------
+        ImplementationError
+        """
+        eps = self.eps if eps is None else float(eps)
+        if not self.impl.takes_eps and eps != self.eps:
+            raise AssertionError("internal: eps varied for an implementation that takes none")
+        args = [None if a is None else (a.copy() if copy else a) for a in (x, weight, bias)]
+        try:
+            with warnings.catch_warnings(), np.errstate(all="ignore"):
+                # The battery feeds NaN, Inf and 65504 on purpose: the
+                # implementation's own RuntimeWarnings are expected noise.
+                warnings.simplefilter("ignore")
+                y = np.asarray(self.impl.call(*args, eps))
+        except OutputError as exc:
+            raise ImplementationError(f"{self.impl.name} {_first_line(exc)}",
+                                      "returned no array") from exc
+        except Exception as exc:
+            raise ImplementationError(
+                f"{self.impl.name} raised {type(exc).__name__}: {_first_line(exc)} (called with "
+                f"x {_describe(x)}, weight {_describe(weight)}, bias {_describe(bias)}, "
+                f"eps={eps:g}){self._shape_hint()}",
+                f"raised {type(exc).__name__}",
+            ) from exc
+        if y.shape != x.shape:
+            raise ImplementationError(
+                f"{self.impl.name} returned shape {y.shape} for x of shape {x.shape}: "
+                f"the output must have the input's shape{self._shape_hint()}",
+                f"returned shape {y.shape}",
+            )
+        if y.dtype.kind not in "fiu":
+            raise ImplementationError(
+                f"{self.impl.name} returned dtype {y.dtype}; expected real numbers",
+                f"returned {y.dtype}")
+        return y
+
+    def _shape_hint(self) -> str:
+        if self.impl.d is None and self.impl.leading_shape is None:
+            return (". If it only supports one feature size or leading shape, "
+                    "declare it (d=..., leading_shape=...)")
+        return ""
+
+    def call(self, x: np.ndarray, weight=None, bias=None,
+             eps: Optional[float] = None) -> np.ndarray:
+        """The implementation's output in float64."""
+        return self.call_raw(x, weight, bias, eps).astype(np.float64)
+
+    def rows(self, rows, weight=None, bias=None, eps: Optional[float] = None,
+             dtype=None) -> np.ndarray:
+        """Normalize a stack of records ``(n, d)``; returns float64 ``(n, d)``.
+
+        Called as one ``(n, d)`` array, or, for an implementation with a
+        fixed leading shape, in batches of that shape padded with filler
+        records. ``rows`` is cast to ``dtype`` (default: the audit dtype).
+        """
+        rows = self.cast(rows, dtype)
+        if not self.fixed_lead:
+            return self.call(rows, weight, bias, eps)
+        lead = self.impl.leading_shape
+        capacity = math.prod(lead)
+        filler = self.cast(self.rng("filler").standard_normal((capacity, rows.shape[1])),
+                           rows.dtype)
+        out = []
+        for start in range(0, len(rows), capacity):
+            chunk = rows[start:start + capacity]
+            batch = np.concatenate([chunk, filler[len(chunk):]]).reshape(lead + rows.shape[1:])
+            out.append(self.call(batch, weight, bias, eps).reshape(capacity, -1)[:len(chunk)])
+        return np.concatenate(out)
+
+    def reference(self, x, weight=None, bias=None, eps: Optional[float] = None) -> np.ndarray:
+        """:func:`layernorm_c.reference_layer_norm` (float64) of exactly
+        these inputs."""
+        eps = self.eps if eps is None else eps
+        return reference_layer_norm(x, weight, bias, eps).y

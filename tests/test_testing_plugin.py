@@ -1,0 +1,165 @@
+"""The pytest plugin, run inside pytest with the pytester fixture."""
+import textwrap
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+PLUGIN = ["-p", "layernorm_c.testing.plugin"]
+
+IMPLEMENTATIONS = '''
+import numpy as np
+import pytest
+import layernorm_c
+
+
+def ours(x, weight, bias, eps):
+    return layernorm_c.layer_norm(x, weight, bias, eps)
+
+
+def sample_variance(x, weight, bias, eps):
+    x64 = x.astype(np.float64)
+    mean = x64.mean(axis=-1, keepdims=True)
+    var = x64.var(axis=-1, ddof=1, keepdims=True)
+    return ((x64 - mean) / np.sqrt(var + eps) * weight + bias).astype(x.dtype)
+
+
+def order_depends_on_batch(x, weight, bias, eps):
+    """Correct, but sums sequentially for an odd number of records."""
+    dtype, x = x.dtype, x.astype(np.float32)
+    d = x.shape[-1]
+    odd = (x.size // d) % 2 == 1
+
+    def total(a):
+        return np.cumsum(a, axis=-1)[..., -1:] if odd else a.sum(axis=-1, keepdims=True)
+
+    mean = total(x) / np.float32(d)
+    var = total((x - mean) ** 2) / np.float32(d)
+    return ((x - mean) / np.sqrt(var + np.float32(eps)) * weight + bias).astype(dtype)
+'''
+
+
+def _write(pytester, body):
+    pytester.makepyfile(test_mine=IMPLEMENTATIONS + textwrap.dedent(body))
+
+
+def test_one_item_per_check(pytester):
+    from layernorm_c.testing import CHECKS
+
+    _write(pytester, """
+        def test_ours(layer_norm_check):
+            layer_norm_check(ours)
+    """)
+    result = pytester.runpytest(*PLUGIN, "-v")
+    result.assert_outcomes(passed=len(CHECKS))
+    result.stdout.fnmatch_lines([f"*test_ours?{name}? PASSED*" for name in CHECKS])
+
+
+def test_failing_items_carry_the_diagnosis(pytester):
+    _write(pytester, """
+        def test_broken(layer_norm_check):
+            layer_norm_check(sample_variance)
+    """)
+    result = pytester.runpytest(*PLUGIN, "-rf")
+    result.assert_outcomes(passed=9, failed=4)
+    result.stdout.fnmatch_lines([
+        "*_ test_broken?variance? _*",
+        "sample variance: outputs are sqrt((d - 1)/d) = 0.9354 times the reference at d=8*",
+        "?LayerNorm audit of test_mine.sample_variance (float32, eps=1e-05); "
+        "variance: output/reference 0.9354 (d - 1 gives 0.9354)?",
+        # The short summary leads with the diagnosis.
+        "FAILED test_mine.py::test_broken?variance? - Failed: sample variance*",
+    ])
+    # pytrace=False: the diagnosis, not a traceback into the plugin.
+    assert "plugin.py" not in result.stdout.str()
+
+
+def test_audit_fixture_fails_once_with_the_whole_report(pytester):
+    _write(pytester, """
+        def test_broken(layer_norm_audit):
+            layer_norm_audit(sample_variance)
+
+        def test_ours(layer_norm_audit):
+            report = layer_norm_audit(ours, dtype="float64")
+            assert report.ok and len(report) == 13
+    """)
+    result = pytester.runpytest(*PLUGIN)
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines([
+        "*4 of 13 checks failed",
+        "- variance (*): sample variance*",
+        "check * status * figure * diagnosis",
+        "13 checks: 9 passed, 4 failed, 0 warned, 0 skipped",
+    ])
+
+
+def test_options_marker_and_warnings(pytester):
+    _write(pytester, """
+        @pytest.mark.layer_norm_checks("batch_invariance", "eps", "float16_overflow")
+        def test_selected(layer_norm_check):
+            layer_norm_check(order_depends_on_batch)
+
+        @pytest.mark.layer_norm_checks(exclude=["float16_overflow"])
+        def test_excluded(layer_norm_check):
+            layer_norm_check(ours, dtype="float16")
+
+        def test_no_float16(layer_norm_check):
+            def float32_only(x, weight, bias, eps):
+                assert x.dtype != np.float16, "no float16 here"
+                return ours(x, weight, bias, eps)
+            layer_norm_check(float32_only)
+    """)
+    result = pytester.runpytest(*PLUGIN, "-v", "-rs")
+    result.assert_outcomes(passed=3 + 12 + 12, skipped=1, warnings=1)
+    result.stdout.fnmatch_lines([
+        "*test_selected?batch_invariance? PASSED*",
+        "*LayerNormAuditWarning*not batch-invariant: max difference * ulp*",
+        "SKIPPED * does not accept float16 input: *float32_only raised AssertionError: "
+        "no float16 here (called with x float16 (5, 16)*",
+    ])
+    assert "test_excluded[float16_overflow]" not in result.stdout.str()
+
+
+def test_user_parametrization_is_respected(pytester):
+    _write(pytester, """
+        @pytest.mark.parametrize("layer_norm_check", ["hand_rows"], indirect=True)
+        def test_one(layer_norm_check):
+            assert layer_norm_check(ours).status == "pass"
+    """)
+    pytester.runpytest(*PLUGIN).assert_outcomes(passed=1)
+
+
+def test_parametrize_over_checks_without_the_fixture(pytester):
+    _write(pytester, """
+        from layernorm_c.testing import check_layer_norm, layer_norm_checks
+
+        @pytest.mark.parametrize("check", layer_norm_checks(exclude=["float16_overflow"]))
+        def test_mine(check):
+            check_layer_norm(ours, checks=[check])
+    """)
+    pytester.runpytest().assert_outcomes(passed=12)
+
+
+def test_unknown_check_in_marker_is_a_usage_error(pytester):
+    _write(pytester, """
+        @pytest.mark.layer_norm_checks("epsilon")
+        def test_bad(layer_norm_check):
+            pass
+    """)
+    result = pytester.runpytest(*PLUGIN)
+    assert result.ret != 0
+    result.stdout.fnmatch_lines(["*unknown checks ?'epsilon'?*"])
+    assert "Traceback" not in result.stdout.str() and "_caller.py" not in result.stdout.str()
+
+
+def test_installed_entry_point_matches_the_module_name():
+    """If the pytest11 entry point is installed, it must be named after the
+    module, or ``-p layernorm_c.testing.plugin`` would register the plugin
+    twice and stop pytest."""
+    from importlib.metadata import entry_points
+
+    ours = [ep for ep in entry_points(group="pytest11")
+            if ep.value == "layernorm_c.testing.plugin"]
+    if not ours:
+        pytest.skip("layernorm_c is not installed with its pytest11 entry point")
+    assert [ep.name for ep in ours] == ["layernorm_c.testing.plugin"]
