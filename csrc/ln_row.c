@@ -72,6 +72,47 @@ void ln_stats_f32(const ln_kernels *k, const float *x, size_t d,
         stats_f32_double(k, x, d, st);
 }
 
+/* Variances below this may have lost digits to underflowing squares. */
+#define F64_VAR_MIN 0x1p-960
+
+/* A power of two that brings the record's largest magnitude near 1
+ * (into [0.5, 1) unless that needs a scale beyond 2^+-1000, as for
+ * subnormal records): multiplying by it is exact, and no square of the
+ * scaled values can overflow, or underflow unless it is negligible.
+ * 1 for a record of zeros or with a non-finite value. */
+static double record_scale(const double *x, size_t d)
+{
+    double m = 0.0;
+    int e;
+    for (size_t i = 0; i < d; i++)
+        m = fmax(m, fabs(x[i]));
+    if (!(m > 0.0 && m <= DBL_MAX))
+        return 1.0;
+    frexp(m, &e);
+    e = e > 1000 ? 1000 : (e < -1000 ? -1000 : e);
+    return ldexp(1.0, -e);
+}
+
+/* Mean and variance of the record scaled by s, in the standard lane
+ * order. Used only for records whose squares leave the double range
+ * (|x| above about 1e154, or tiny records with eps too small to matter),
+ * so it is scalar and shared by every ISA level. */
+static void stats_f64_scaled(const double *x, size_t d, double s,
+                             ln_stats *scaled)
+{
+    double lane[LN_LANES] = {0};
+    for (size_t i = 0; i < d; i++)
+        lane[i % LN_LANES] += x[i] * s;
+    scaled->mean = ln_tree_sum(lane) / (double)d;
+    for (size_t j = 0; j < LN_LANES; j++)
+        lane[j] = 0.0;
+    for (size_t i = 0; i < d; i++) {
+        double t = x[i] * s - scaled->mean;
+        lane[i % LN_LANES] += t * t;
+    }
+    scaled->var = ln_tree_sum(lane) / (double)d;
+}
+
 void ln_stats_f64(const ln_kernels *k, const double *x, size_t d,
                   ln_stats *st)
 {
@@ -81,6 +122,34 @@ void ln_stats_f64(const ln_kernels *k, const double *x, size_t d,
     }
     st->mean = k->sum_f64(x, d) / (double)d;
     st->var = k->sumsq_f64(x, d, st->mean) / (double)d;
+    if (isfinite(st->mean) && st->var >= F64_VAR_MIN && st->var <= DBL_MAX)
+        return;
+    double s = record_scale(x, d);
+    if (s == 1.0)
+        return;
+    ln_stats scaled;
+    stats_f64_scaled(x, d, s, &scaled);
+    st->mean = scaled.mean / s;
+    st->var = scaled.var / s / s; /* inf if the true variance is */
+}
+
+/* The output of a record whose 1/sqrt(var + eps) left the double range
+ * (0 or inf), computed at the record's scale. */
+static void apply_f64_scaled(const double *x, double *y, size_t d,
+                             const double *w, const double *b, double eps)
+{
+    double s = record_scale(x, d);
+    ln_stats scaled;
+    stats_f64_scaled(x, d, s, &scaled);
+    double rstd = inverse_std(scaled.var, eps * s * s);
+    for (size_t i = 0; i < d; i++) {
+        double v = (x[i] * s - scaled.mean) * rstd;
+        if (w)
+            v = v * w[i];
+        if (b)
+            v = v + b[i];
+        y[i] = v;
+    }
 }
 
 /* Can the float lanes of apply_f32 compute this record? Not when x - mean
@@ -126,7 +195,11 @@ int ln_apply_f64(const ln_kernels *k, const double *x, double *y, size_t d,
                  const double *w, const double *b, double eps,
                  const ln_stats *st, const ln_hints *hints)
 {
-    k->apply_f64(x, y, d, st->mean, inverse_std(st->var, eps), w, b, hints);
+    double rstd = inverse_std(st->var, eps);
+    if (rstd == 0.0 || rstd > DBL_MAX)
+        apply_f64_scaled(x, y, d, w, b, eps);
+    else
+        k->apply_f64(x, y, d, st->mean, rstd, w, b, hints);
     return eps_is_valid(eps) ? 0 : -1;
 }
 

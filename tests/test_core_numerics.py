@@ -209,3 +209,33 @@ def test_non_finite_records_are_all_nan(dtype, row):
         y = lnc.layer_norm(np.array(row, dtype), np.ones(len(row), dtype),
                            np.zeros(len(row), dtype))
     assert np.all(np.isnan(y))
+
+
+# ------------------------------------------------- float64 beyond the square range
+
+@pytest.mark.parametrize("scale_exp", [520, 700, 1000, -600, -1000, -1060])
+def test_float64_records_whose_squares_leave_the_double_range(scale_exp):
+    """|x| around 2^scale_exp: (x - mean)^2 overflows (or underflows) in
+    double, yet the record is well defined. With eps = 0, LayerNorm is
+    invariant to scaling x by a power of two, so the answer is the reference
+    on the rescaled record. A finite, nonzero record must never come back as
+    zeros, infinities or NaN."""
+    rng = np.random.default_rng(scale_exp & 0xFFFF)
+    base = rng.standard_normal((3, 17))
+    x = np.ldexp(base, scale_exp)
+    assert np.all(np.isfinite(x)) and np.all(x != 0)
+    want = lnc.reference_layer_norm(np.ldexp(x, -scale_exp), eps=0.0).y
+    for isa in lnc.supported_isas():
+        with kernel_settings(isa=isa):
+            y = lnc.layer_norm(x, eps=0.0)
+        np.testing.assert_allclose(y, want, rtol=1e-12, atol=1e-12, err_msg=isa)
+
+
+def test_float64_statistics_of_huge_records_are_exact_where_representable():
+    """mean and var come back in float64: var is inf only when the true
+    variance exceeds the double range."""
+    res = lnc.layer_norm(np.array([1e154, -1e154, 0.0, 0.0]), return_stats=True)
+    assert res.mean == 0.0 and res.var == pytest.approx(5e307, rel=1e-15)
+    res = lnc.layer_norm(np.array([1e300, -1e300]), return_stats=True)
+    assert res.var == np.inf and res.mean == 0.0
+    np.testing.assert_allclose(res.y, [1.0, -1.0], rtol=1e-15)
