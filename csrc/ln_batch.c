@@ -158,43 +158,74 @@ typedef struct {
     int w_fixed, b_fixed;
 } ln_params;
 
+static double row_eps(const ln_batch *job, size_t r)
+{
+    double eps;
+    memcpy(&eps, job->eps + (ptrdiff_t)r * job->eps_row, sizeof eps);
+    return eps;
+}
+
+static void store_stats(const ln_batch *job, size_t r, const ln_stats *st)
+{
+    if (job->mean)
+        store_stat(job, job->mean + (ptrdiff_t)r * job->mean_row, st->mean);
+    if (job->var)
+        store_stat(job, job->var + (ptrdiff_t)r * job->var_row, st->var);
+}
+
+/* Outputs written straight to a large destination are streamed. */
+static ln_hints output_hints(const ln_batch *job, int direct_y)
+{
+    ln_hints h;
+    h.stream = direct_y && job->n_rows * job->d * item_size(job->dtype) >=
+                               LN_STREAM_MIN_BYTES;
+    return h;
+}
+
+/* The two steps of one record on contiguous compute-type rows. */
+static void row_stats(const ln_kernels *k, const ln_batch *job,
+                      const void *x, ln_stats *st)
+{
+    if (job->dtype == LN_F64)
+        ln_stats_f64(k, x, job->d, st);
+    else
+        ln_stats_f32(k, x, job->d, st);
+}
+
+static int row_apply(const ln_kernels *k, const ln_batch *job, const void *x,
+                     void *y, const ln_params *p, double eps,
+                     const ln_stats *st, const ln_hints *h)
+{
+    if (job->dtype == LN_F64)
+        return ln_apply_f64(k, x, y, job->d, p->w, p->b, eps, st, h);
+    return ln_apply_f32(k, x, y, job->d, p->w, p->b, eps, st, h);
+}
+
+/* One record of any layout: staged in and out of scratch as needed. */
 static int run_row(const ln_kernels *k, const ln_batch *job, ln_scratch *s,
-                   const ln_params *p, size_t r)
+                   const ln_params *shared, size_t r)
 {
     const char *xr = job->x + (ptrdiff_t)r * job->x_row;
     char *yr = job->y + (ptrdiff_t)r * job->y_row;
-    const void *w = p->w, *b = p->b;
-    if (job->w && !p->w_fixed)
-        w = stage_in(k, job, job->w + (ptrdiff_t)r * job->w_row, job->w_col,
-                     s->w, s->h);
-    if (job->b && !p->b_fixed)
-        b = stage_in(k, job, job->b + (ptrdiff_t)r * job->b_row, job->b_col,
-                     s->b, s->h);
-
-    double eps;
-    memcpy(&eps, job->eps + (ptrdiff_t)r * job->eps_row, sizeof eps);
+    ln_params p = *shared;
+    if (job->w && !p.w_fixed)
+        p.w = stage_in(k, job, job->w + (ptrdiff_t)r * job->w_row, job->w_col,
+                       s->w, s->h);
+    if (job->b && !p.b_fixed)
+        p.b = stage_in(k, job, job->b + (ptrdiff_t)r * job->b_row, job->b_col,
+                       s->b, s->h);
 
     const void *x = stage_in(k, job, xr, job->x_col, s->x, s->h);
     int direct_y = is_direct(job, yr, job->y_col);
     void *y = direct_y ? (void *)yr : s->y;
-
-    ln_hints hints;
-    hints.stream = direct_y && job->n_rows * job->d * item_size(job->dtype) >=
-                                   LN_STREAM_MIN_BYTES;
+    ln_hints h = output_hints(job, direct_y);
 
     ln_stats st;
-    int rc;
-    if (job->dtype == LN_F64)
-        rc = ln_row_f64(k, x, y, job->d, w, b, eps, &hints, &st);
-    else
-        rc = ln_row_f32(k, x, y, job->d, w, b, eps, &hints, &st);
-
+    row_stats(k, job, x, &st);
+    int rc = row_apply(k, job, x, y, &p, row_eps(job, r), &st, &h);
     if (!direct_y)
         stage_out(k, job, y, yr, s->h);
-    if (job->mean)
-        store_stat(job, job->mean + (ptrdiff_t)r * job->mean_row, st.mean);
-    if (job->var)
-        store_stat(job, job->var + (ptrdiff_t)r * job->var_row, st.var);
+    store_stats(job, r, &st);
     return rc;
 }
 
@@ -215,37 +246,20 @@ static size_t group_size(const ln_batch *job)
     return LN_GROUP;
 }
 
-/* n <= LN_GROUP records from r, all direct, parameters shared. */
+/* n <= LN_GROUP records from r: all direct, parameters shared. */
 static int run_group(const ln_kernels *k, const ln_batch *job,
                      const ln_params *p, size_t r, size_t n)
 {
     ln_stats st[LN_GROUP];
-    ln_hints hints = {0};
+    ln_hints h = output_hints(job, 1);
     int status = 0;
-    for (size_t i = 0; i < n; i++) {
-        const char *xr = job->x + (ptrdiff_t)(r + i) * job->x_row;
-        if (job->dtype == LN_F64)
-            ln_stats_f64(k, (const double *)xr, job->d, &st[i]);
-        else
-            ln_stats_f32(k, (const float *)xr, job->d, &st[i]);
-    }
+    for (size_t i = 0; i < n; i++)
+        row_stats(k, job, job->x + (ptrdiff_t)(r + i) * job->x_row, &st[i]);
     for (size_t i = 0; i < n; i++) {
         const char *xr = job->x + (ptrdiff_t)(r + i) * job->x_row;
         char *yr = job->y + (ptrdiff_t)(r + i) * job->y_row;
-        double eps;
-        memcpy(&eps, job->eps + (ptrdiff_t)(r + i) * job->eps_row, sizeof eps);
-        if (job->dtype == LN_F64)
-            status |= ln_apply_f64(k, (const double *)xr, (double *)yr, job->d,
-                                   p->w, p->b, eps, &st[i], &hints);
-        else
-            status |= ln_apply_f32(k, (const float *)xr, (float *)yr, job->d,
-                                   p->w, p->b, eps, &st[i], &hints);
-        if (job->mean)
-            store_stat(job, job->mean + (ptrdiff_t)(r + i) * job->mean_row,
-                       st[i].mean);
-        if (job->var)
-            store_stat(job, job->var + (ptrdiff_t)(r + i) * job->var_row,
-                       st[i].var);
+        status |= row_apply(k, job, xr, yr, p, row_eps(job, r + i), &st[i], &h);
+        store_stats(job, r + i, &st[i]);
     }
     return status;
 }
