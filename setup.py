@@ -2,8 +2,9 @@
 
 The default build is portable: it never uses -march=native. The AVX2 and
 AVX-512 kernels carry per-function target attributes and are chosen at run
-time. -ffp-contract=off keeps every instruction-set level from fusing
-multiply-adds, which is what keeps their results bit-identical.
+time. -ffp-contract=off stops the compiler from fusing multiply-adds on its
+own: the kernels fuse them only where their formulas say so (fmaf in scalar
+code, vfmadd in SIMD code), which is what keeps the levels bit-identical.
 """
 import sys
 
@@ -34,7 +35,7 @@ setup(
         Extension(
             "layernorm_c._core",
             sources=SOURCES,
-            depends=["csrc/layernorm.h"],
+            depends=["csrc/layernorm.h", "csrc/ln_elem.h"],
             include_dirs=[np.get_include(), "csrc"],
             extra_compile_args=compile_args,
             extra_link_args=link_args,

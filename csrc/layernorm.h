@@ -8,11 +8,15 @@
  *     var  = sum((r - mean)^2) / d        (population variance, two passes)
  *     y    = (r - mean) / sqrt(var + eps) * weight + bias
  *
- * Reproducibility contract: every sum is accumulated in LN_LANES double
- * lanes, element i going to lane i % LN_LANES, and the lanes are combined by
- * one fixed pairwise tree. Every instruction-set level (scalar, AVX2,
- * AVX-512) follows this order exactly and never fuses multiply-add, so a
- * record's result depends on its d values alone, bit for bit.
+ * Reproducibility contract: every sum is accumulated in LN_LANES lanes,
+ * element i going to lane i % LN_LANES (float32 records: float lanes
+ * flushed into double lanes every LN_BLOCK elements), and the lanes are
+ * combined by one fixed pairwise tree. Every instruction-set level (scalar,
+ * AVX2, AVX-512) follows this order exactly, and fuses multiply-adds in
+ * exactly the places the formulas of ln_elem.h do (fmaf in scalar code,
+ * vfmadd in SIMD code: one rounding either way) and nowhere else (built with
+ * -ffp-contract=off), so a record's result depends on its d values alone,
+ * bit for bit.
  */
 #ifndef LAYERNORM_H
 #define LAYERNORM_H

@@ -7,11 +7,12 @@
  * operation on the same lane as in the scalar kernel.
  */
 #include "layernorm.h"
+#include "ln_elem.h"
 
 #if defined(LN_HAVE_X86_KERNELS)
 #include <immintrin.h>
 
-#define TARGET __attribute__((target("avx2,f16c")))
+#define TARGET __attribute__((target("avx2,fma,f16c")))
 
 #define NREG (LN_LANES / 4)
 
@@ -111,13 +112,27 @@ TARGET static double sum_f32_blocked(const float *x, size_t d, float shift)
     return reduce_lanes(a);
 }
 
+/* The partial last chunk of a block for the sum of squares: element j
+ * updates float lane j with ln_add_square_f32, as in the scalar kernel. */
+TARGET static inline void add_square_tail_f32(__m256 f[NFREG], const float *x,
+                                              size_t n, float mu_hi,
+                                              float mu_lo)
+{
+    float lanes[LN_LANES];
+    for (size_t g = 0; g < NFREG; g++)
+        _mm256_storeu_ps(lanes + 8 * g, f[g]);
+    for (size_t j = 0; j < n; j++)
+        lanes[j] = ln_add_square_f32(lanes[j], ln_center_f32(x[j], mu_hi, mu_lo));
+    for (size_t g = 0; g < NFREG; g++)
+        f[g] = _mm256_loadu_ps(lanes + 8 * g);
+}
+
 TARGET static double sumsq_f32_blocked(const float *x, size_t d, float mu_hi,
                                        float mu_lo)
 {
     __m256d a[NREG];
     __m256 f[NFREG];
     __m256 hi = _mm256_set1_ps(mu_hi), lo = _mm256_set1_ps(mu_lo);
-    float tail[LN_LANES];
     zero_lanes(a);
     for (size_t i = 0; i < d;) {
         size_t end = d - i > LN_BLOCK ? i + LN_BLOCK : d;
@@ -127,14 +142,10 @@ TARGET static double sumsq_f32_blocked(const float *x, size_t d, float mu_hi,
             for (size_t g = 0; g < NFREG; g++) {
                 __m256 t = _mm256_sub_ps(
                     _mm256_sub_ps(_mm256_loadu_ps(x + i + 8 * g), hi), lo);
-                f[g] = _mm256_add_ps(f[g], _mm256_mul_ps(t, t));
+                f[g] = _mm256_fmadd_ps(t, t, f[g]);
             }
         if (i < end) {
-            for (size_t j = 0; i + j < end; j++) {
-                float t = (x[i + j] - mu_hi) - mu_lo;
-                tail[j] = t * t;
-            }
-            add_tail_f32(f, tail, end - i);
+            add_square_tail_f32(f, x + i, end - i, mu_hi, mu_lo);
             i = end;
         }
         flush_block(a, f);
@@ -221,17 +232,6 @@ static inline size_t stream_start(const void *y, size_t size, size_t d)
     return n < d ? n : d;
 }
 
-static inline float norm1_f32(float x, float mu_hi, float mu_lo, float rstd,
-                              const float *w, const float *b)
-{
-    float v = ((x - mu_hi) - mu_lo) * rstd;
-    if (w)
-        v = v * *w;
-    if (b)
-        v = v + *b;
-    return v;
-}
-
 static inline double norm1_f64(double x, double mean, double rstd,
                                const double *w, const double *b)
 {
@@ -247,19 +247,23 @@ TARGET static void apply_f32(const float *x, float *y, size_t d, float mu_hi,
                              float mu_lo, float rstd, const float *w,
                              const float *b, const ln_hints *h)
 {
-    __m256 hi = _mm256_set1_ps(mu_hi), lo = _mm256_set1_ps(mu_lo);
-    __m256 r = _mm256_set1_ps(rstd);
+    float c = ln_offset_f32(mu_lo, rstd);
+    __m256 hi = _mm256_set1_ps(mu_hi), r = _mm256_set1_ps(rstd);
+    __m256 cv = _mm256_set1_ps(c);
     int stream = h && h->stream && (uintptr_t)y % sizeof(float) == 0;
     size_t i = 0, head = stream ? stream_start(y, sizeof(float), d) : 0;
     for (; i < head; i++)
-        y[i] = norm1_f32(x[i], mu_hi, mu_lo, rstd, w ? w + i : NULL,
-                         b ? b + i : NULL);
+        y[i] = ln_out_f32(x[i], mu_hi, rstd, c, w ? w + i : NULL,
+                          b ? b + i : NULL);
     for (; i + 8 <= d; i += 8) {
-        __m256 v = _mm256_loadu_ps(x + i);
-        v = _mm256_mul_ps(_mm256_sub_ps(_mm256_sub_ps(v, hi), lo), r);
-        if (w)
+        __m256 v = _mm256_fmadd_ps(_mm256_sub_ps(_mm256_loadu_ps(x + i), hi),
+                                   r, cv);
+        if (w && b)
+            v = _mm256_fmadd_ps(v, _mm256_loadu_ps(w + i),
+                                _mm256_loadu_ps(b + i));
+        else if (w)
             v = _mm256_mul_ps(v, _mm256_loadu_ps(w + i));
-        if (b)
+        else if (b)
             v = _mm256_add_ps(v, _mm256_loadu_ps(b + i));
         if (stream)
             _mm256_stream_ps(y + i, v);
@@ -267,8 +271,8 @@ TARGET static void apply_f32(const float *x, float *y, size_t d, float mu_hi,
             _mm256_storeu_ps(y + i, v);
     }
     for (; i < d; i++)
-        y[i] = norm1_f32(x[i], mu_hi, mu_lo, rstd, w ? w + i : NULL,
-                         b ? b + i : NULL);
+        y[i] = ln_out_f32(x[i], mu_hi, rstd, c, w ? w + i : NULL,
+                          b ? b + i : NULL);
 }
 
 TARGET static void apply_f64(const double *x, double *y, size_t d,

@@ -5,15 +5,16 @@
  * 8-15, 16-23, 24-31), so each lane sees exactly the additions of the
  * scalar kernel in the same order. Tails use masked loads: a masked-out
  * lane adds +0.0, which leaves a lane unchanged (lanes are never -0.0).
- * Multiplies and adds stay separate instructions (built with
- * -ffp-contract=off), as in the scalar kernel.
+ * Multiply-adds are fused exactly where the scalar kernel calls fmaf
+ * (ln_elem.h) and nowhere else (built with -ffp-contract=off).
  */
 #include "layernorm.h"
+#include "ln_elem.h"
 
 #if defined(LN_HAVE_X86_KERNELS)
 #include <immintrin.h>
 
-#define TARGET __attribute__((target("avx512f")))
+#define TARGET __attribute__((target("avx512f,fma")))
 
 /* Mask of the first n of 16 lanes. */
 static inline __mmask16 first16(size_t n)
@@ -139,12 +140,17 @@ TARGET static double sum_f32_blocked(const float *x, size_t d, float shift)
     return reduce4(a[0], a[1], a[2], a[3]);
 }
 
-/* ((x - mu_hi) - mu_lo)^2 on lanes m, +0.0 elsewhere. */
-TARGET static inline __m512 square16(__m512 v, __m512 hi, __m512 lo,
+/* ln_center_f32 on lanes m, +0.0 elsewhere (whose square adds nothing). */
+TARGET static inline __m512 center16(__m512 v, __m512 hi, __m512 lo,
                                      __mmask16 m)
 {
-    __m512 t = _mm512_sub_ps(_mm512_sub_ps(v, hi), lo);
-    return _mm512_maskz_mul_ps(m, t, t);
+    return _mm512_maskz_sub_ps(m, _mm512_sub_ps(v, hi), lo);
+}
+
+/* f + t * t, rounded once: ln_add_square_f32. */
+TARGET static inline __m512 add_square16(__m512 f, __m512 t)
+{
+    return _mm512_fmadd_ps(t, t, f);
 }
 
 TARGET static double sumsq_f32_blocked(const float *x, size_t d, float mu_hi,
@@ -158,19 +164,19 @@ TARGET static double sumsq_f32_blocked(const float *x, size_t d, float mu_hi,
         size_t end = d - i > LN_BLOCK ? i + LN_BLOCK : d;
         __m512 f0 = _mm512_setzero_ps(), f1 = _mm512_setzero_ps();
         for (; i + LN_LANES <= end; i += LN_LANES) {
-            f0 = _mm512_add_ps(f0, square16(_mm512_loadu_ps(x + i), hi, lo, all));
-            f1 = _mm512_add_ps(
-                f1, square16(_mm512_loadu_ps(x + i + 16), hi, lo, all));
+            f0 = add_square16(f0, center16(_mm512_loadu_ps(x + i), hi, lo, all));
+            f1 = add_square16(
+                f1, center16(_mm512_loadu_ps(x + i + 16), hi, lo, all));
         }
         if (i < end) {
             __mmask16 m0, m1;
             chunk_masks(end - i, &m0, &m1);
-            f0 = _mm512_add_ps(
-                f0, square16(_mm512_maskz_loadu_ps(m0, x + i), hi, lo, m0));
+            f0 = add_square16(
+                f0, center16(_mm512_maskz_loadu_ps(m0, x + i), hi, lo, m0));
             if (m1)
-                f1 = _mm512_add_ps(
+                f1 = add_square16(
                     f1,
-                    square16(_mm512_maskz_loadu_ps(m1, x + i + 16), hi, lo, m1));
+                    center16(_mm512_maskz_loadu_ps(m1, x + i + 16), hi, lo, m1));
             i = end;
         }
         flush_block(a, f0, f1);
@@ -248,16 +254,20 @@ TARGET static double sumsq_f64(const double *x, size_t d, double mean)
     return reduce4(a[0], a[1], a[2], a[3]);
 }
 
-/* ((x - mu_hi) - mu_lo) * rstd [* w] [+ b] on 16 floats of lanes m. */
-TARGET static inline __m512 norm16_f32(__m512 v, __m512 hi, __m512 lo,
-                                       __m512 r, const float *w,
+/* ln_out_f32 on 16 floats: fma(x - mu_hi, rstd, c), then gain and bias
+ * (fused when both are present); w and b are read on lanes m only. */
+TARGET static inline __m512 norm16_f32(__m512 v, __m512 hi, __m512 r,
+                                       __m512 c, const float *w,
                                        const float *b, __mmask16 m)
 {
-    v = _mm512_mul_ps(_mm512_sub_ps(_mm512_sub_ps(v, hi), lo), r);
+    v = _mm512_fmadd_ps(_mm512_sub_ps(v, hi), r, c);
+    if (w && b)
+        return _mm512_fmadd_ps(v, _mm512_maskz_loadu_ps(m, w),
+                               _mm512_maskz_loadu_ps(m, b));
     if (w)
-        v = _mm512_mul_ps(v, _mm512_maskz_loadu_ps(m, w));
+        return _mm512_mul_ps(v, _mm512_maskz_loadu_ps(m, w));
     if (b)
-        v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, b));
+        return _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, b));
     return v;
 }
 
@@ -272,8 +282,8 @@ TARGET static void apply_f32(const float *x, float *y, size_t d, float mu_hi,
                              float mu_lo, float rstd, const float *w,
                              const float *b, const ln_hints *h)
 {
-    __m512 hi = _mm512_set1_ps(mu_hi), lo = _mm512_set1_ps(mu_lo);
-    __m512 r = _mm512_set1_ps(rstd);
+    __m512 hi = _mm512_set1_ps(mu_hi), r = _mm512_set1_ps(rstd);
+    __m512 c = _mm512_set1_ps(ln_offset_f32(mu_lo, rstd));
     const __mmask16 all = (__mmask16)0xffff;
     int stream = h && h->stream && (uintptr_t)y % sizeof(float) == 0;
     size_t i = 0;
@@ -283,14 +293,14 @@ TARGET static void apply_f32(const float *x, float *y, size_t d, float mu_hi,
             n = d;
         if (n) {
             __mmask16 m = first16(n);
-            __m512 v = norm16_f32(_mm512_maskz_loadu_ps(m, x), hi, lo, r, w,
-                                  b, m);
+            __m512 v = norm16_f32(_mm512_maskz_loadu_ps(m, x), hi, r, c, w, b,
+                                  m);
             _mm512_mask_storeu_ps(y, m, v);
             i = n;
         }
     }
     for (; i + 16 <= d; i += 16) {
-        __m512 v = norm16_f32(_mm512_loadu_ps(x + i), hi, lo, r,
+        __m512 v = norm16_f32(_mm512_loadu_ps(x + i), hi, r, c,
                               w ? w + i : NULL, b ? b + i : NULL, all);
         if (stream)
             _mm512_stream_ps(y + i, v);
@@ -299,7 +309,7 @@ TARGET static void apply_f32(const float *x, float *y, size_t d, float mu_hi,
     }
     if (i < d) {
         __mmask16 m = first16(d - i);
-        __m512 v = norm16_f32(_mm512_maskz_loadu_ps(m, x + i), hi, lo, r,
+        __m512 v = norm16_f32(_mm512_maskz_loadu_ps(m, x + i), hi, r, c,
                               w ? w + i : NULL, b ? b + i : NULL, m);
         _mm512_mask_storeu_ps(y + i, m, v);
     }

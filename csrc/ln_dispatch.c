@@ -15,10 +15,11 @@ int ln_isa_supported(ln_isa isa)
     case LN_ISA_SCALAR:
         return 1;
 #if defined(LN_HAVE_X86_KERNELS)
-    /* Every CPU with AVX2 also has F16C, which the AVX2 kernels use. */
+    /* The AVX2 kernels also use FMA, and F16C, which every CPU with AVX2
+     * has. */
     case LN_ISA_AVX2:
         __builtin_cpu_init();
-        return __builtin_cpu_supports("avx2");
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
     case LN_ISA_AVX512:
         __builtin_cpu_init();
         return __builtin_cpu_supports("avx512f");

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "layernorm.h"
+#include "ln_elem.h"
 
 /* Pairwise tree: lane j += lane j + h for h = 16, 8, 4, 2, 1. */
 double ln_tree_sum(double lanes[LN_LANES])
@@ -44,8 +45,8 @@ static double sumsq_f32_blocked(const float *x, size_t d, float mu_hi,
     double lane[LN_LANES] = {0};
     float f[LN_LANES] = {0};
     for (size_t i = 0; i < d; i++) {
-        float t = (x[i] - mu_hi) - mu_lo;
-        f[i % LN_LANES] += t * t;
+        float t = ln_center_f32(x[i], mu_hi, mu_lo);
+        f[i % LN_LANES] = ln_add_square_f32(f[i % LN_LANES], t);
         if ((i + 1) % LN_BLOCK == 0 || i + 1 == d)
             flush_block(lane, f);
     }
@@ -113,14 +114,10 @@ static void apply_f32(const float *x, float *y, size_t d, float mu_hi,
                       float mu_lo, float rstd, const float *w, const float *b,
                       const ln_hints *hints)
 {
-    for (size_t i = 0; i < d; i++) {
-        float v = ((x[i] - mu_hi) - mu_lo) * rstd;
-        if (w)
-            v = v * w[i];
-        if (b)
-            v = v + b[i];
-        y[i] = v;
-    }
+    float c = ln_offset_f32(mu_lo, rstd);
+    for (size_t i = 0; i < d; i++)
+        y[i] = ln_out_f32(x[i], mu_hi, rstd, c, w ? w + i : NULL,
+                          b ? b + i : NULL);
 }
 
 static void apply_f64(const double *x, double *y, size_t d, double mean,
