@@ -264,36 +264,62 @@ static int run_group(const ln_kernels *k, const ln_batch *job,
     return status;
 }
 
-static int run_rows(const ln_kernels *k, const ln_batch *job, size_t begin,
-                    size_t end)
-{
+/* What one thread keeps while it works through rows: its scratch rows and
+ * the parameters shared by all rows, staged once. */
+typedef struct {
     ln_scratch s;
-    if (begin >= end)
-        return LN_OK;
-    if (scratch_alloc(&s, job) != 0)
-        return LN_ENOMEM;
+    ln_params p;
+} ln_worker;
 
+static int worker_init(ln_worker *wk, const ln_kernels *k, const ln_batch *job)
+{
+    if (scratch_alloc(&wk->s, job) != 0)
+        return -1;
     ln_params p = {NULL, NULL, 0, 0};
     if (job->w && job->w_row == 0) {
-        p.w = stage_in(k, job, job->w, job->w_col, s.w, s.h);
+        p.w = stage_in(k, job, job->w, job->w_col, wk->s.w, wk->s.h);
         p.w_fixed = 1;
     }
     if (job->b && job->b_row == 0) {
-        p.b = stage_in(k, job, job->b, job->b_col, s.b, s.h);
+        p.b = stage_in(k, job, job->b, job->b_col, wk->s.b, wk->s.h);
         p.b_fixed = 1;
     }
+    wk->p = p;
+    return 0;
+}
 
+static void worker_done(ln_worker *wk, const ln_kernels *k)
+{
+    k->store_fence();
+    free(wk->s.block);
+}
+
+/* Records [begin, end): LN_OK, or LN_EBADEPS if one had an invalid eps. */
+static int worker_rows(ln_worker *wk, const ln_kernels *k,
+                       const ln_batch *job, size_t begin, size_t end)
+{
     int status = LN_OK;
     size_t group = group_size(job);
     for (size_t r = begin; r < end; r += group) {
         size_t n = end - r < group ? end - r : group;
-        int rc = group > 1 ? run_group(k, job, &p, r, n)
-                           : run_row(k, job, &s, &p, r);
+        int rc = group > 1 ? run_group(k, job, &wk->p, r, n)
+                           : run_row(k, job, &wk->s, &wk->p, r);
         if (rc != 0)
             status = LN_EBADEPS;
     }
-    k->store_fence();
-    free(s.block);
+    return status;
+}
+
+static int run_rows(const ln_kernels *k, const ln_batch *job, size_t begin,
+                    size_t end)
+{
+    ln_worker wk;
+    if (begin >= end)
+        return LN_OK;
+    if (worker_init(&wk, k, job) != 0)
+        return LN_ENOMEM;
+    int status = worker_rows(&wk, k, job, begin, end);
+    worker_done(&wk, k);
     return status;
 }
 
@@ -340,48 +366,157 @@ static int worse(int a, int b)
 }
 
 #if defined(LN_HAVE_PTHREADS)
+/*
+ * A pool of worker threads, started on first need and kept. A call posts
+ * its batch; the caller and the workers then take chunks of about
+ * LN_CHUNK_BYTES of records from a shared counter until none are left.
+ * The caller waits only for chunks that were taken, never for a worker
+ * that has not woken up yet, so a busy machine costs at most the
+ * single-thread time. Which thread does a record never matters: each
+ * record is done whole by one thread.
+ *
+ * One call uses the pool at a time; a concurrent call (another Python
+ * thread: the GIL is released) runs on its own thread instead.
+ */
+#define LN_CHUNK_BYTES ((size_t)128 << 10)
+
 typedef struct {
+    pthread_mutex_t mu;
+    pthread_cond_t wake;   /* a batch was posted */
+    pthread_cond_t idle;   /* the last taken chunk is done */
+    size_t n_started;      /* worker threads running */
+    unsigned long posted;  /* batches posted so far */
+    /* The current batch, valid while job != NULL; guarded by mu. */
     const ln_kernels *k;
     const ln_batch *job;
-    size_t begin, end;
+    size_t next, chunk;    /* first record not taken; records per take */
+    size_t seats;          /* workers that may still join this batch */
+    size_t busy;           /* threads inside the batch */
     int status;
-} ln_task;
+} ln_pool;
 
-static void *task_main(void *arg)
+static ln_pool pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER,
+                       PTHREAD_COND_INITIALIZER};
+static pthread_mutex_t pool_owner = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t pool_fork_once = PTHREAD_ONCE_INIT;
+
+/* Take chunks until none are left. Called with mu held and busy counted;
+ * returns with mu held. */
+static void take_chunks(ln_worker *wk, const ln_kernels *k,
+                        const ln_batch *job)
 {
-    ln_task *t = arg;
-    t->status = run_rows(t->k, t->job, t->begin, t->end);
+    while (pool.next < job->n_rows) {
+        size_t r = pool.next;
+        size_t end = job->n_rows - r < pool.chunk ? job->n_rows
+                                                  : r + pool.chunk;
+        pool.next = end;
+        pthread_mutex_unlock(&pool.mu);
+        int rc = worker_rows(wk, k, job, r, end);
+        pthread_mutex_lock(&pool.mu);
+        pool.status = worse(pool.status, rc);
+    }
+}
+
+/* Leave the batch; the last one out wakes the caller. mu held. */
+static void leave_batch(void)
+{
+    if (--pool.busy == 0)
+        pthread_cond_broadcast(&pool.idle);
+}
+
+static void *pool_main(void *arg)
+{
+    unsigned long seen = 0;
+    (void)arg;
+    pthread_mutex_lock(&pool.mu);
+    for (;;) {
+        while (pool.posted == seen)
+            pthread_cond_wait(&pool.wake, &pool.mu);
+        seen = pool.posted;
+        const ln_batch *job = pool.job;
+        const ln_kernels *k = pool.k;
+        if (job == NULL || pool.seats == 0 || pool.next >= job->n_rows)
+            continue; /* finished before this worker woke, or full */
+        pool.seats--;
+        pool.busy++;
+        pthread_mutex_unlock(&pool.mu);
+        ln_worker wk;
+        int ok = worker_init(&wk, k, job) == 0;
+        pthread_mutex_lock(&pool.mu);
+        if (ok) {
+            take_chunks(&wk, k, job);
+            pthread_mutex_unlock(&pool.mu);
+            worker_done(&wk, k);
+            pthread_mutex_lock(&pool.mu);
+        }
+        leave_batch();
+    }
     return NULL;
+}
+
+/* A forked child has none of the parent's threads: start afresh. */
+static void pool_after_fork_child(void)
+{
+    pthread_mutex_init(&pool.mu, NULL);
+    pthread_cond_init(&pool.wake, NULL);
+    pthread_cond_init(&pool.idle, NULL);
+    pthread_mutex_init(&pool_owner, NULL);
+    pool.n_started = 0;
+    pool.job = NULL;
+}
+
+static void pool_register_fork(void)
+{
+    pthread_atfork(NULL, NULL, pool_after_fork_child);
+}
+
+/* Make sure n workers run (fewer if threads cannot be created). mu held. */
+static void pool_grow(size_t n)
+{
+    while (pool.n_started < n) {
+        pthread_t tid;
+        if (pthread_create(&tid, NULL, pool_main, NULL) != 0)
+            break;
+        pthread_detach(tid);
+        pool.n_started++;
+    }
 }
 
 int ln_batch_run(const ln_kernels *k, const ln_batch *job, int n_threads)
 {
     size_t n = plan_threads(job, n_threads);
-    if (n <= 1)
+    if (n <= 1 || pthread_mutex_trylock(&pool_owner) != 0)
         return run_rows(k, job, 0, job->n_rows);
+    pthread_once(&pool_fork_once, pool_register_fork);
 
-    ln_task task[LN_MAX_THREADS];
-    pthread_t tid[LN_MAX_THREADS];
-    int started[LN_MAX_THREADS];
-    for (size_t i = 0; i < n; i++) {
-        task[i].k = k;
-        task[i].job = job;
-        task[i].begin = job->n_rows * i / n;
-        task[i].end = job->n_rows * (i + 1) / n;
-        task[i].status = LN_OK;
+    ln_worker wk;
+    if (worker_init(&wk, k, job) != 0) {
+        pthread_mutex_unlock(&pool_owner);
+        return LN_ENOMEM;
     }
-    for (size_t i = 1; i < n; i++)
-        started[i] = pthread_create(&tid[i], NULL, task_main, &task[i]) == 0;
-    task_main(&task[0]);
+    size_t row_bytes = job->d * item_size(job->dtype);
+    pthread_mutex_lock(&pool.mu);
+    pool_grow(n - 1);
+    pool.k = k;
+    pool.job = job;
+    pool.next = 0;
+    pool.chunk = row_bytes >= LN_CHUNK_BYTES ? 1 : LN_CHUNK_BYTES / row_bytes;
+    pool.seats = n - 1;
+    pool.busy = 1; /* the caller */
+    pool.status = LN_OK;
+    pool.posted++;
+    pthread_cond_broadcast(&pool.wake);
 
-    int status = task[0].status;
-    for (size_t i = 1; i < n; i++) {
-        if (started[i])
-            pthread_join(tid[i], NULL);
-        else
-            task_main(&task[i]); /* could not start: do it here */
-        status = worse(status, task[i].status);
-    }
+    take_chunks(&wk, k, job);
+    leave_batch();
+    while (pool.busy > 0)
+        pthread_cond_wait(&pool.idle, &pool.mu);
+    int status = pool.status;
+    pool.job = NULL;
+    pthread_mutex_unlock(&pool.mu);
+
+    worker_done(&wk, k);
+    pthread_mutex_unlock(&pool_owner);
     return status;
 }
 #else

@@ -75,3 +75,41 @@ def test_setters_round_trip(restore_settings):
 def test_thread_threshold_keeps_small_calls_single_threaded():
     # A (1, 768) float32 call is far below the size at which threads start.
     assert lnc.thread_threshold() > np.zeros((1, 768), np.float32).nbytes
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_worker_threads_work_in_a_forked_child(restore_settings):
+    """The thread pool does not survive fork(); the child must start its
+    own and give the same bits (multiprocessing's default on Linux)."""
+    lnc.set_num_threads(2)
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((2048, 1024)).astype(np.float32)
+    assert x.nbytes >= lnc.thread_threshold()
+    want = lnc.layer_norm(x)            # the parent's pool is now running
+    pid = os.fork()
+    if pid == 0:                        # child: never return into pytest
+        ok = False
+        try:
+            ok = lnc.layer_norm(x).tobytes() == want.tobytes()
+        finally:
+            os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_concurrent_large_calls_share_the_pool_correctly(restore_settings):
+    """Python threads calling at once with inputs above the threading
+    threshold: one call gets the worker pool, the others run on their own
+    thread. Every result must be the one computed alone."""
+    import concurrent.futures
+
+    lnc.set_num_threads(3)
+    rng = np.random.default_rng(11)
+    inputs = [rng.standard_normal((1024 + 64 * i, 768)).astype(np.float32) * (i + 1)
+              for i in range(6)]
+    assert all(x.nbytes >= lnc.thread_threshold() for x in inputs)
+    want = [lnc.layer_norm(x).tobytes() for x in inputs]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=6) as ex:
+        for _ in range(3):
+            got = list(ex.map(lambda x: lnc.layer_norm(x).tobytes(), inputs))
+            assert got == want
