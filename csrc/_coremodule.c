@@ -242,11 +242,12 @@ static int fast_out(PyObject *o, PyArrayObject *x, PyObject **y)
     if (fast_dtype(o, &t) < 0)
         return -1;
     PyArrayObject *a = (PyArrayObject *)o;
-    if (PyArray_TYPE(a) != PyArray_TYPE(x) || !PyArray_IS_C_CONTIGUOUS(a) ||
-        !PyArray_ISWRITEABLE(a) ||
+    /* ndim first: the shapes are compared over x's ndim entries. */
+    if (PyArray_NDIM(a) != PyArray_NDIM(x) ||
         !PyArray_CompareLists(PyArray_DIMS(a), PyArray_DIMS(x),
                               PyArray_NDIM(x)) ||
-        PyArray_NDIM(a) != PyArray_NDIM(x))
+        PyArray_TYPE(a) != PyArray_TYPE(x) || !PyArray_IS_C_CONTIGUOUS(a) ||
+        !PyArray_ISWRITEABLE(a))
         return -1;
     char *ya = PyArray_BYTES(a), *xa = PyArray_BYTES(x);
     npy_intp n = PyArray_NBYTES(x);
