@@ -66,6 +66,17 @@ static void fill_batch(ln_batch *job, const ln_roles *roles, ln_dtype t,
     }
 }
 
+#if defined(_MSC_VER) && !defined(__clang__)
+#define LN_THREAD_LOCAL __declspec(thread)
+#else
+#define LN_THREAD_LOCAL _Thread_local
+#endif
+
+/* Set by a loop of this thread that could not get scratch memory; the
+ * Python wrapper reads and clears it with _take_enomem() after its ufunc
+ * call and raises MemoryError. (The loop runs on the calling thread.) */
+static LN_THREAD_LOCAL int t_enomem;
+
 /* Loops cannot raise: an invalid eps, or scratch memory that could not be
  * had, gives NaN records and raises the floating-point invalid flag, which
  * NumPy reports as usual (RuntimeWarning, or an error under np.errstate).
@@ -80,8 +91,10 @@ static void run_loop(char **args, npy_intp const *dims, npy_intp const *steps,
     fill_batch(&job, (const ln_roles *)data, t, args, dims, steps);
     feholdexcept(&env);
     int rc = ln_batch_run(g_kernels, &job, g_threads);
-    if (rc == LN_ENOMEM)
+    if (rc == LN_ENOMEM) {
         ln_batch_fill_nan(&job);
+        t_enomem = 1;
+    }
     fesetenv(&env);
     if (rc != LN_OK)
         feraiseexcept(FE_INVALID);
@@ -415,6 +428,13 @@ static PyObject *set_num_threads(PyObject *self, PyObject *arg)
     Py_RETURN_NONE;
 }
 
+static PyObject *take_enomem(PyObject *self, PyObject *noargs)
+{
+    int v = t_enomem;
+    t_enomem = 0;
+    return PyBool_FromLong(v);
+}
+
 static PyObject *thread_threshold(PyObject *self, PyObject *noargs)
 {
     return PyLong_FromSize_t(ln_thread_threshold());
@@ -434,6 +454,9 @@ static PyMethodDef core_methods[] = {
      "get_num_threads() -> int: the most threads one call may use."},
     {"set_num_threads", set_num_threads, METH_O,
      "set_num_threads(n): let one call use up to n threads."},
+    {"_take_enomem", take_enomem, METH_NOARGS,
+     "_take_enomem() -> bool: did a ufunc loop of this thread run out of "
+     "scratch memory since the last call? Clears the flag."},
     {"thread_threshold", thread_threshold, METH_NOARGS,
      "thread_threshold() -> int: input bytes below which a call never "
      "starts threads."},

@@ -59,6 +59,16 @@ static void stats_f32_double(const ln_kernels *k, const float *x, size_t d,
     st->var = k->sumsq_f32(x, d, st->mean) / (double)d;
 }
 
+/* NaN statistics as the canonical quiet NaN, whatever payload the sums
+ * carried (see record_is_nan). */
+static void canonical_nans(ln_stats *st)
+{
+    if (isnan(st->mean))
+        st->mean = NAN;
+    if (isnan(st->var))
+        st->var = NAN;
+}
+
 void ln_stats_f32(const ln_kernels *k, const float *x, size_t d,
                   ln_stats *st)
 {
@@ -70,6 +80,7 @@ void ln_stats_f32(const ln_kernels *k, const float *x, size_t d,
     if (!(st->var >= F32_VAR_MIN && st->var <= F32_VAR_MAX) ||
         !isfinite(st->mean))
         stats_f32_double(k, x, d, st);
+    canonical_nans(st);
 }
 
 /* Variances below this may have lost digits to underflowing squares. */
@@ -125,12 +136,13 @@ void ln_stats_f64(const ln_kernels *k, const double *x, size_t d,
     if (isfinite(st->mean) && st->var >= F64_VAR_MIN && st->var <= DBL_MAX)
         return;
     double s = record_scale(x, d);
-    if (s == 1.0)
-        return;
-    ln_stats scaled;
-    stats_f64_scaled(x, d, s, &scaled);
-    st->mean = scaled.mean / s;
-    st->var = scaled.var / s / s; /* inf if the true variance is */
+    if (s != 1.0) {
+        ln_stats scaled;
+        stats_f64_scaled(x, d, s, &scaled);
+        st->mean = scaled.mean / s;
+        st->var = scaled.var / s / s; /* inf if the true variance is */
+    }
+    canonical_nans(st);
 }
 
 /* The output of a record whose 1/sqrt(var + eps) left the double range
@@ -176,10 +188,24 @@ static void apply_f32_wide(const float *x, float *y, size_t d, double mean,
     }
 }
 
+/* A record whose statistics are NaN (a NaN, or infinities, among its
+ * values) or whose eps is invalid is all NaN. It is written as the one
+ * canonical quiet NaN: the payload arithmetic would propagate depends on
+ * operand order, which differs between ISA levels. */
+static int record_is_nan(const ln_stats *st, double eps)
+{
+    return isnan(st->mean) || isnan(st->var) || !eps_is_valid(eps);
+}
+
 int ln_apply_f32(const ln_kernels *k, const float *x, float *y, size_t d,
                  const float *w, const float *b, double eps,
                  const ln_stats *st, const ln_hints *hints)
 {
+    if (record_is_nan(st, eps)) {
+        for (size_t i = 0; i < d; i++)
+            y[i] = NAN;
+        return eps_is_valid(eps) ? 0 : -1;
+    }
     double rstd = inverse_std(st->var, eps);
     if (fits_float_lanes(st->var, rstd)) {
         float mu_hi, mu_lo;
@@ -195,6 +221,11 @@ int ln_apply_f64(const ln_kernels *k, const double *x, double *y, size_t d,
                  const double *w, const double *b, double eps,
                  const ln_stats *st, const ln_hints *hints)
 {
+    if (record_is_nan(st, eps)) {
+        for (size_t i = 0; i < d; i++)
+            y[i] = NAN;
+        return eps_is_valid(eps) ? 0 : -1;
+    }
     double rstd = inverse_std(st->var, eps);
     if (rstd == 0.0 || rstd > DBL_MAX)
         apply_f64_scaled(x, y, d, w, b, eps);

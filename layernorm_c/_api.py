@@ -261,7 +261,10 @@ def layer_norm(
 
     params = [p.astype(dtype, copy=False).reshape(d) for p in (w, b) if p is not None]
     ufunc = _STATS_UFUNCS[(w is not None, b is not None)]
+    _core._take_enomem()  # start clear
     ufunc(xm, *params, np.float64(eps), out=(target, mean, var))
+    if _core._take_enomem():
+        raise MemoryError("layer_norm: could not allocate the kernels' scratch rows")
 
     if ym is None:
         np.copyto(y.transpose(perm), target.reshape(tuple(y.shape[i] for i in perm)))

@@ -17,9 +17,14 @@ _ln_b: np.ufunc  # (n),(n),()->(n),(),(): x, bias, eps -> y, mean, var
 _ln_none: np.ufunc  # (n),()->(n),(),(): x, eps -> y, mean, var
 
 # layer_norm over the last axis for the common case (C-contiguous native
-# float x, same-dtype (d,) parameters or None, a valid float eps): y, or
-# (y, mean, var) if return_stats; NotImplemented for anything else.
-def _fast(x: Any, weight: Any, bias: Any, eps: Any, return_stats: Any, /) -> Any: ...
+# float x, same-dtype (d,) parameters or None, a valid float eps, out None
+# or a matching C-contiguous array): y, or (y, mean, var) if return_stats;
+# NotImplemented for anything else.
+def _fast(x: Any, weight: Any, bias: Any, eps: Any, out: Any, return_stats: Any, /) -> Any: ...
+
+# Did a ufunc loop of this thread run out of scratch memory since the last
+# call? Clears the flag.
+def _take_enomem() -> bool: ...
 
 def get_isa() -> str: ...
 def set_isa(name: str, /) -> None: ...
