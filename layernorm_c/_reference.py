@@ -55,10 +55,25 @@ def reference_layer_norm(
     x = np.asarray(x, dtype=np.float64)
     axes = (axis,) if np.ndim(axis) == 0 else tuple(axis)
     axes = tuple(sorted(a % x.ndim for a in axes))
-    mean = x.mean(axis=axes, keepdims=True)
-    centered = x - mean
-    var = (centered * centered).mean(axis=axes, keepdims=True)
-    y = centered / np.sqrt(var + eps)
+    # Each record is scaled by a power of two (exact) that brings its
+    # largest magnitude near 1, so that neither the sum nor the squares can
+    # overflow or underflow; eps scales with the variance, so y is unchanged.
+    scale = _record_scale(x, axes)
+    with np.errstate(under="ignore", over="ignore"):
+        xs = x * scale
+        mean = xs.mean(axis=axes, keepdims=True)
+        centered = xs - mean
+        var = (centered * centered).mean(axis=axes, keepdims=True)
+        denom = np.sqrt(var + eps * scale * scale)
+        if eps > 0:
+            # denom is 0 only for a constant record whose scaled eps
+            # underflowed: its centered values are all 0, and so is y.
+            y = np.divide(centered, denom, out=np.zeros_like(centered),
+                          where=denom != 0)
+        else:
+            y = centered / denom
+        mean = mean / scale
+        var = var / scale / scale
     param_shape = [1] * x.ndim
     for a in axes:
         param_shape[a] = x.shape[a]
@@ -67,6 +82,18 @@ def reference_layer_norm(
     if bias is not None:
         y = y + np.asarray(bias, dtype=np.float64).reshape(param_shape)
     return ReferenceResult(y, np.squeeze(mean, axes), np.squeeze(var, axes))
+
+
+def _record_scale(x: np.ndarray, axes) -> np.ndarray:
+    """2**-e per record, e the binary exponent of its largest magnitude
+    (clipped to +-1000 so the scale itself stays finite); 1 for records of
+    zeros or with a non-finite value."""
+    with np.errstate(invalid="ignore"):
+        m = np.max(np.abs(x), axis=axes, keepdims=True) if x.size else np.ones(
+            [1 if i in axes else n for i, n in enumerate(x.shape)])
+    ok = np.isfinite(m) & (m > 0)
+    _, e = np.frexp(np.where(ok, m, 1.0))
+    return np.where(ok, np.ldexp(1.0, -np.clip(e, -1000, 1000)), 1.0)
 
 
 def reference_y(x, weight=None, bias=None, eps: float = 1e-5,

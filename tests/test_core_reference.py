@@ -189,3 +189,13 @@ def test_float16_is_float32_math_rounded_once(p):
     assert_same_bits(res16.y, res32.y.astype(np.float16), "y")
     assert_same_bits(res16.mean, res32.mean, "mean")
     assert_same_bits(res16.var, res32.var, "var")
+
+
+def test_reference_is_right_beyond_the_square_range():
+    """The oracle itself must not overflow or underflow: records near the
+    float64 limits give what their power-of-two rescaling gives."""
+    np.testing.assert_array_equal(lnc.reference_layer_norm([1.79e308, 1.79e308]).y, [0, 0])
+    np.testing.assert_allclose(lnc.reference_layer_norm([3e-323, 1e-323], eps=0.0).y, [1, -1])
+    big = lnc.reference_layer_norm([1.79e308, -1.79e308, 0.0])
+    np.testing.assert_allclose(big.y, [np.sqrt(1.5), -np.sqrt(1.5), 0.0], rtol=1e-15)
+    assert big.var == np.inf and big.mean == 0.0

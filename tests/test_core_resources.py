@@ -1,6 +1,7 @@
 """Memory, references, inputs, in-place use, and concurrency."""
 import concurrent.futures
 import gc
+import os
 import sys
 import threading
 import time
@@ -129,6 +130,9 @@ def _exercise_every_path(x32, x16s, w, b, out, x64):
         pass
 
 
+@pytest.mark.skipif(os.environ.get("LAYERNORM_C_SANITIZED") == "1",
+                    reason="ASan keeps freed memory in quarantine; tools/sanitize.sh "
+                           "checks leaks with LeakSanitizer instead")
 def test_no_memory_growth_over_thousands_of_calls():
     rng = np.random.default_rng(6)
     d = 256

@@ -1,0 +1,241 @@
+"""No leaked and no stolen references, on success and on error paths.
+
+For lnc.layer_norm (fast path and general path), the C fast path
+_core._fast called directly, the raw gufunc and the private statistics
+gufuncs: the reference counts of every argument (x, weight, bias, eps,
+out), of the singletons and dtype objects the C code touches, and of the
+functions themselves are the same before and after many calls; every
+result is freed once the caller drops it (a weak reference to it dies).
+A leaked reference would keep arrays alive forever (memory growth in a
+notebook); a stolen one would free an array still in use (a crash later).
+"""
+from __future__ import annotations
+
+import gc
+import sys
+import warnings
+import weakref
+
+import numpy as np
+import pytest
+
+import layernorm_c as lnc
+from layernorm_c import _core
+
+N_CALLS = 25
+
+
+def _fast_arity() -> int:
+    """_fast takes (x, w, b, eps, rs) or, with out=, (x, w, b, eps, out, rs)."""
+    doc = _core._fast.__doc__ or ""
+    return 6 if "out" in doc.split(")")[0] else 5
+
+
+def call_fast(x, w, b, eps, rs, out=None):
+    if _fast_arity() == 6:
+        return _core._fast(x, w, b, eps, out, rs)
+    return _core._fast(x, w, b, eps, rs)
+
+
+#: Interpreter-wide objects the C code returns or touches on every call.
+#: The rest of the interpreter uses them too (a cache entry freed now and
+#: then moves None's count by one), so for them only a per-call drift
+#: counts: at least N_CALLS // 2 over N_CALLS calls.
+SHARED = [None, True, False, NotImplemented, np.dtype(np.float16), np.dtype(np.float32),
+          np.dtype(np.float64), lnc.layer_norm, lnc.layer_norm_ufunc, _core._fast,
+          _core._ln_wb, _core._ln_none]
+
+
+def tracked(*objs):
+    """The call's own arguments (exact counts), then the shared objects.
+    An argument that is itself interpreter-wide (None, a bool) is counted
+    with the shared ones."""
+    own = [o for o in objs if not (o is None or isinstance(o, bool) or o is NotImplemented)]
+    return own + SHARED
+
+
+def refcounts(objs):
+    return [sys.getrefcount(o) for o in objs]
+
+
+def assert_refcounts_stable(fn, *objs, expect_error=None):
+    """Call fn() N_CALLS times (dropping results); counts must not drift."""
+    objs = tracked(*objs)
+    # With automatic collection off, any reference cycle made by the calls
+    # (an exception and its traceback) is young, and a cheap generation-0
+    # collection frees it; a full collection per check would dominate.
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        # Warm up: first calls may cache things (NumPy's type resolution).
+        for _ in range(3):
+            _call(fn, expect_error)
+        gc.collect(0)
+        before = refcounts(objs)
+        for _ in range(N_CALLS):
+            _call(fn, expect_error)
+        gc.collect(0)
+        after = refcounts(objs)
+    finally:
+        if enabled:
+            gc.enable()
+    n_own = len(objs) - len(SHARED)
+    drift = [(i, type(o).__name__, a - b) for i, (o, b, a) in enumerate(zip(objs, before, after))
+             if (a != b if i < n_own else abs(a - b) >= N_CALLS // 2)]
+    assert not drift, f"reference counts changed by (index, type, delta): {drift}"
+
+
+def _call(fn, expect_error):
+    if expect_error is None:
+        fn()  # the result is dropped at once
+        return
+    try:
+        fn()
+    except expect_error as exc:
+        # Drop the traceback (it references this frame's locals) at once.
+        exc.__traceback__ = None
+        del exc
+        return
+    raise AssertionError(f"expected {expect_error.__name__}")
+
+
+def assert_result_freed(fn):
+    """Every array a call returns dies when the caller lets it go."""
+    res = fn()
+    arrays = list(res) if isinstance(res, tuple) else [res]
+    refs = [weakref.ref(a) for a in arrays if isinstance(a, np.ndarray)]
+    assert refs
+    del res, arrays
+    gc.collect()
+    alive = [r() for r in refs if r() is not None]
+    assert not alive, f"{len(alive)} result array(s) still referenced after the call"
+
+
+DTYPES = [np.float16, np.float32, np.float64]
+
+
+@pytest.fixture(params=DTYPES, ids=lambda t: np.dtype(t).name)
+def data(request):
+    dt = request.param
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((4, 33)).astype(dt)
+    w = rng.standard_normal(33).astype(dt)
+    b = rng.standard_normal(33).astype(dt)
+    return x, w, b
+
+
+@pytest.mark.parametrize("rs", [False, True])
+def test_layer_norm_fast_path(data, rs):
+    x, w, b = data
+    eps = 1e-5
+    assert_refcounts_stable(lambda: lnc.layer_norm(x, w, b, eps, return_stats=rs), x, w, b, eps)
+    assert_refcounts_stable(lambda: lnc.layer_norm(x, None, b, eps, return_stats=rs), x, b)
+    assert_result_freed(lambda: lnc.layer_norm(x, w, b, eps, return_stats=rs))
+
+
+@pytest.mark.parametrize("rs", [False, True])
+def test_fast_entry_point_directly(data, rs):
+    x, w, b = data
+    eps = 1e-5
+    assert_refcounts_stable(lambda: call_fast(x, w, b, eps, rs), x, w, b, eps)
+    assert_result_freed(lambda: call_fast(x, w, b, eps, rs))
+    # Arguments the fast path declines (NotImplemented) or rejects.
+    for args in [(x.T, w, b, eps, rs), (x, w[:-1], b, eps, rs), (x, w, b, -1.0, rs),
+                 (x, w, b, 1, rs), (x.astype(np.int32), None, None, eps, rs),
+                 (x[:, :0], None, None, eps, rs), ([1.0, 2.0], None, None, eps, rs)]:
+        assert_refcounts_stable(lambda: call_fast(*args), *args)
+    assert_refcounts_stable(lambda: _core._fast(x), x)          # wrong arity
+    assert_refcounts_stable(lambda: _core._fast(), )
+
+
+def test_fast_return_stats_raising_bool(data):
+    """return_stats whose truth value raises: the error propagates, nothing leaks."""
+    x, w, b = data
+
+    class Bad:
+        def __bool__(self):
+            raise ValueError("no truth value")
+
+    bad = Bad()
+    assert_refcounts_stable(lambda: call_fast(x, w, b, 1e-5, bad), x, w, b, bad,
+                            expect_error=ValueError)
+
+
+@pytest.mark.parametrize("rs", [False, True])
+def test_layer_norm_general_path(data, rs):
+    x, w, b = data
+    xs = x[:, ::-1]                         # strided: general path
+    out = np.empty_like(x)
+    assert_refcounts_stable(lambda: lnc.layer_norm(xs, w, b, return_stats=rs), xs, w, b)
+    assert_refcounts_stable(lambda: lnc.layer_norm(x, w, b, out=out, return_stats=rs),
+                            x, w, b, out)
+    assert_refcounts_stable(lambda: lnc.layer_norm(x, axis=(0, 1), return_stats=rs), x)
+    assert_refcounts_stable(lambda: lnc.layer_norm(x.T, axis=0, return_stats=rs), x)
+    assert_result_freed(lambda: lnc.layer_norm(xs, w, b, return_stats=rs))
+    # out= is returned, with one more reference while the caller holds it
+    base = sys.getrefcount(out)
+    res = lnc.layer_norm(x, w, b, out=out)
+    assert res is out and sys.getrefcount(out) == base + 1
+    del res
+    assert sys.getrefcount(out) == base
+
+
+def test_layer_norm_error_paths(data):
+    x, w, b = data
+    out_bad = np.empty((3, 3), x.dtype)
+    cases = [
+        ((x, np.ones(5), b), {}, ValueError),
+        ((x, w, np.ones((2, 33))), {}, ValueError),
+        ((x, w, b), {"eps": -1.0}, ValueError),
+        ((x, w, b), {"eps": float("nan")}, ValueError),
+        ((x, w, b), {"eps": "1e-5"}, TypeError),
+        # (not a cached small int: those are shared by the whole interpreter)
+        ((x, w, b), {"axis": int("10000001")}, ValueError),
+        ((x, w, b), {"axis": (0, 0)}, ValueError),
+        ((x, w, b), {"out": out_bad}, ValueError),
+        ((x, w, b), {"out": np.empty(x.shape, np.int32)}, TypeError),
+        ((x, w, b), {"out": [0.0]}, TypeError),
+        ((x.astype(complex), None, None), {}, TypeError),
+        ((np.zeros((2, 0), x.dtype), None, None), {}, ValueError),
+    ]
+    for args, kwargs, exc in cases:
+        assert_refcounts_stable(lambda: lnc.layer_norm(*args, **kwargs),
+                                *args, *kwargs.values(), expect_error=exc)
+
+
+@pytest.mark.parametrize("with_out", [False, True])
+def test_raw_gufunc(data, with_out):
+    x, w, b = data
+    eps = np.full(4, 1e-5)
+    out = np.empty_like(x)
+    kw = {"out": out} if with_out else {}
+    assert_refcounts_stable(lambda: lnc.layer_norm_ufunc(x, w, b, eps, **kw), x, w, b, eps, out)
+    assert_refcounts_stable(lambda: _core._ln_wb(x, w, b, 1e-5), x, w, b)
+    assert_refcounts_stable(lambda: _core._ln_none(x, 1e-5), x)
+    if not with_out:
+        assert_result_freed(lambda: lnc.layer_norm_ufunc(x, w, b, eps))
+        assert_result_freed(lambda: _core._ln_wb(x, w, b, 1e-5))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        # invalid eps: NaN records + FP flag, not an exception
+        assert_refcounts_stable(lambda: lnc.layer_norm_ufunc(x, w, b, -1.0, **kw), x, w, b, out)
+    assert_refcounts_stable(lambda: lnc.layer_norm_ufunc(x, w[:-1], b, 1e-5), x, w, b,
+                            expect_error=ValueError)
+    assert_refcounts_stable(lambda: lnc.layer_norm_ufunc(x.astype(complex), w, b, 1e-5), x, w,
+                            expect_error=TypeError)
+
+
+def test_settings_functions():
+    isa = lnc.get_isa()
+    n = lnc.get_num_threads()
+    try:
+        assert_refcounts_stable(lambda: lnc.set_isa(isa))
+        assert_refcounts_stable(lambda: lnc.set_isa("nope"), expect_error=ValueError)
+        assert_refcounts_stable(lambda: _core.set_isa(3), expect_error=TypeError)
+        assert_refcounts_stable(lambda: lnc.set_num_threads(n))
+        assert_refcounts_stable(lambda: _core.set_num_threads(0), expect_error=ValueError)
+        assert_refcounts_stable(lambda: lnc.supported_isas())
+        assert_refcounts_stable(lambda: lnc.get_isa())
+    finally:
+        lnc.set_isa(isa)
+        lnc.set_num_threads(n)

@@ -1,0 +1,186 @@
+"""Exercise every entry point of layernorm_c many times, for leak checkers.
+
+Run by tools/sanitize.sh under LeakSanitizer and by tools/valgrind.sh under
+memcheck. Every success path and every error path of layer_norm, the C fast
+path (_core._fast), the raw and private gufuncs and the settings functions
+is called REPEAT times, so that a per-call leak shows up as a leak of
+REPEAT (or more) objects. Prints one line per group and the call count.
+
+    python tools/leakcheck.py [REPEAT]
+"""
+from __future__ import annotations
+
+import sys
+import warnings
+
+import numpy as np
+
+import layernorm_c as lnc
+from layernorm_c import _core
+
+REPEAT = int(sys.argv[1]) if len(sys.argv) > 1 else 20
+CALLS = 0
+
+
+def _fast_arity() -> int:
+    """_fast takes (x, w, b, eps, rs) or, with out=, (x, w, b, eps, out, rs)."""
+    doc = _core._fast.__doc__ or ""
+    return 6 if "out" in doc.split(")")[0] else 5
+
+
+def fast(x, w, b, eps, rs, out=None):
+    """Call the C fast path directly, whichever its arity."""
+    if _fast_arity() == 6:
+        return _core._fast(x, w, b, eps, out, rs)
+    return _core._fast(x, w, b, eps, rs)
+
+
+def expect_error(fn, *args, **kwargs):
+    global CALLS
+    CALLS += 1
+    try:
+        fn(*args, **kwargs)
+    except (TypeError, ValueError):
+        return
+    raise AssertionError(f"expected TypeError/ValueError from {fn.__name__}{args!r}")
+
+
+def ok(fn, *args, **kwargs):
+    global CALLS
+    CALLS += 1
+    return fn(*args, **kwargs)
+
+
+def success_paths(isa: str) -> None:
+    rng = np.random.default_rng(0)
+    for dt in (np.float16, np.float32, np.float64):
+        for d in (1, 7, 33, 100):
+            x = rng.standard_normal((3, d)).astype(dt)
+            w = rng.standard_normal(d).astype(dt)
+            b = rng.standard_normal(d).astype(dt)
+            ok(lnc.layer_norm, x)                          # fast path, no params
+            ok(lnc.layer_norm, x, w, b)                    # fast path, both
+            ok(lnc.layer_norm, x, w, None, return_stats=True)
+            ok(lnc.layer_norm, x, None, b, 0.0, return_stats=True)
+            ok(fast, x, w, b, 1e-5, True)
+            ok(fast, x, None, None, 1e-5, False)
+            ok(fast, x, w, None, 1e-5, False, np.empty_like(x))
+            ok(lnc.layer_norm, x[:, ::-1], w[::-1], b)     # general path, strided
+            ok(lnc.layer_norm, x.T.copy(), axis=0)         # axis
+            ok(lnc.layer_norm, x, axis=(0, 1), return_stats=True)
+            ok(lnc.layer_norm, x, out=np.empty_like(x))
+            xc = x.copy()
+            ok(lnc.layer_norm, xc, w, b, out=xc)           # in place
+            ok(lnc.layer_norm, x.astype(x.dtype.newbyteorder()), w, b)
+            ok(lnc.layer_norm, np.broadcast_to(x[:1], (4, d)), np.broadcast_to(w[:1], (d,)))
+            unaligned = np.frombuffer(b"\0" + x.tobytes(), dtype=dt, offset=1).reshape(x.shape)
+            ok(lnc.layer_norm, unaligned, w, b)
+            ok(lnc.layer_norm_ufunc, x, w, b, 1e-5)
+            ok(lnc.layer_norm_ufunc, x, w, b, np.full(3, 1e-5), out=np.empty_like(x))
+            ok(_core._ln_wb, x, w, b, 1e-5)
+            ok(_core._ln_w, x, w, 1e-5)
+            ok(_core._ln_b, x, b, 1e-5)
+            ok(_core._ln_none, x, 1e-5)
+            ok(lnc.layer_norm, np.zeros((0, d), dt))
+    ok(lnc.layer_norm, np.arange(12).reshape(3, 4))       # integer input
+    ok(lnc.layer_norm, [[1.0, 2.0], [3.0, 5.0]])          # list input
+    ok(lnc.layer_norm, np.zeros((2, 3), np.float32), np.ones(3), None)  # promotion
+
+
+def error_paths() -> None:
+    x = np.ones((2, 3))
+    expect_error(lnc.layer_norm, np.ones((2, 3), complex))
+    expect_error(lnc.layer_norm, np.array(["a", "b"]))
+    expect_error(lnc.layer_norm, np.array([1.0, 2.0], dtype=object))
+    expect_error(lnc.layer_norm, np.zeros(3, dtype="f4,f4"))
+    expect_error(lnc.layer_norm, 1.0)
+    expect_error(lnc.layer_norm, np.zeros((2, 0)))
+    expect_error(lnc.layer_norm, x, np.ones(4))
+    expect_error(lnc.layer_norm, x, None, np.ones((3, 1)))
+    expect_error(lnc.layer_norm, x, np.ones(3, complex))
+    expect_error(lnc.layer_norm, x, eps=-1.0)
+    expect_error(lnc.layer_norm, x, eps=float("nan"))
+    expect_error(lnc.layer_norm, x, eps=float("inf"))
+    expect_error(lnc.layer_norm, x, eps="1e-5")
+    expect_error(lnc.layer_norm, x, eps=None)
+    expect_error(lnc.layer_norm, x, axis=2)
+    expect_error(lnc.layer_norm, x, axis=(0, 0))
+    expect_error(lnc.layer_norm, x, axis=1.0)
+    expect_error(lnc.layer_norm, x, out=np.empty((3, 2)))
+    expect_error(lnc.layer_norm, x, out=np.empty((2, 3), np.float32))
+    expect_error(lnc.layer_norm, x, out=np.empty((2, 3), int))
+    expect_error(lnc.layer_norm, x, out=[0.0] * 6)
+    expect_error(lnc.layer_norm, x, out=np.broadcast_to(0.0, (2, 3)))
+    expect_error(lnc.layer_norm_ufunc, x, np.ones(4), np.zeros(3), 1e-5)
+    expect_error(lnc.layer_norm_ufunc, np.ones(3, complex), np.ones(3), np.zeros(3), 1e-5)
+    expect_error(lnc.layer_norm_ufunc, x, np.ones(3), np.zeros(3), 1e-5, out=np.empty(3))
+    expect_error(lnc.layer_norm_ufunc, x, np.ones(3), np.zeros(3), 1e-5,
+                 out=np.empty((2, 3), int))
+    expect_error(lnc.set_isa, "nope")
+    expect_error(lnc.set_isa, 3)
+    expect_error(_core.set_isa, 3)
+    expect_error(lnc.set_num_threads, 0)
+    expect_error(_core.set_num_threads, 2000)
+    expect_error(_core.set_num_threads, "2")
+
+
+def fast_odd_arguments() -> None:
+    """_fast must answer NotImplemented (or raise) without leaking."""
+    x = np.ones((2, 3))
+    global CALLS
+    for args in [(), (x,), (x, None, None, 1e-5), (x, None, None, 1e-5, False, 1, 2)]:
+        CALLS += 1
+        assert _core._fast(*args) is NotImplemented, args   # wrong arity
+    for args in [(x, None, None, -1.0, False), (x, None, None, 1, False),
+                 (x, np.ones(4), None, 1e-5, False), (x, None, np.ones(3, np.float32), 1e-5, False),
+                 (x.T, None, None, 1e-5, False), (np.ones((2, 0)), None, None, 1e-5, False),
+                 ([1.0, 2.0], None, None, 1e-5, False), (np.float64(1.0), None, None, 1e-5, False)]:
+        CALLS += 1
+        try:
+            r = fast(*args)
+        except (TypeError, ValueError):
+            continue
+        assert r is NotImplemented, args
+
+
+def invalid_eps_ufunc() -> None:
+    x = np.ones((2, 3))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        for eps in (-1.0, float("nan"), float("inf")):
+            ok(lnc.layer_norm_ufunc, x, np.ones(3), np.zeros(3), eps)
+            ok(_core._ln_none, x, eps)
+
+
+def threads_and_settings() -> None:
+    old_isa, old_n = lnc.get_isa(), lnc.get_num_threads()
+    try:
+        lnc.set_num_threads(2)
+        big = np.random.default_rng(1).standard_normal((64, 16384)).astype(np.float32)
+        assert big.nbytes > lnc.thread_threshold()
+        ok(lnc.layer_norm, big)                      # threaded, direct rows
+        ok(lnc.layer_norm, big[:, ::-1])             # threaded, staged rows
+        ok(lnc.layer_norm, big.astype(np.float16))   # threaded, float16 staging
+        ok(lnc.supported_isas)
+        ok(lnc.get_isa)
+        ok(lnc.thread_threshold)
+    finally:
+        lnc.set_isa(old_isa)
+        lnc.set_num_threads(old_n)
+
+
+def main() -> int:
+    for _ in range(REPEAT):
+        for isa in lnc.supported_isas():
+            lnc.set_isa(isa)
+            success_paths(isa)
+        error_paths()
+        fast_odd_arguments()
+        invalid_eps_ufunc()
+        threads_and_settings()
+    print(f"leakcheck: {CALLS} calls ({REPEAT} rounds, ISAs {', '.join(lnc.supported_isas())})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

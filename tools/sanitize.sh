@@ -1,0 +1,199 @@
+#!/usr/bin/env bash
+# tools/sanitize.sh - build layernorm_c with AddressSanitizer + UndefinedBehaviorSanitizer
+# in a throw-away copy of the repository and run the test suite against it.
+#
+# The normal in-place build is never touched: the repository (minus .git,
+# build products and virtual environments) is copied to a temporary folder,
+# the extension is compiled there with
+#     -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer -g
+# and pytest runs in that copy, so `import layernorm_c` picks the sanitized
+# build (checked before the tests start). libasan is preloaded into Python
+# (it must come first in the library list); libubsan comes in as a
+# dependency of the extension.
+#
+# Any ASan or UBSan report fails the run: reports are written to log files
+# (a report that kills the process would otherwise be lost in pytest's
+# output capture) and the script fails if any log exists afterwards.
+# CPython's own allocations are not leak-checked during the test suite
+# (detect_leaks=0); a separate leak pass (tools/leakcheck.py) runs with
+# LeakSanitizer on and fails only on leaks allocated from layernorm_c's code.
+#
+# Usage:
+#   tools/sanitize.sh                 # build + whole test suite + leak pass
+#   tools/sanitize.sh -- -k fuzz      # extra arguments after -- go to pytest
+#   tools/sanitize.sh --selftest      # prove it catches a planted 1-element over-read
+#                                     # (exit 0 only if ASan reports it)
+#   tools/sanitize.sh --keep          # keep the temporary copy (path printed)
+#
+# Environment: PYTHON (default: python3 from PATH, e.g. the activated venv),
+# LAYERNORM_C_SANITIZE_DIR (work in this folder, kept afterwards, instead of
+# a fresh temporary one that is removed).
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+PYTHON="${PYTHON:-python3}"
+KEEP=0
+SELFTEST=0
+PYTEST_ARGS=()
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --keep) KEEP=1 ;;
+        --selftest) SELFTEST=1 ;;
+        --) shift; PYTEST_ARGS=("$@"); break ;;
+        *) echo "sanitize.sh: unknown option $1" >&2; exit 2 ;;
+    esac
+    shift
+done
+
+if [ -n "${LAYERNORM_C_SANITIZE_DIR:-}" ]; then
+    WORK="$LAYERNORM_C_SANITIZE_DIR"   # the caller's folder: never deleted
+    KEEP=1
+else
+    WORK="$(mktemp -d -t layernorm_c_sanitize.XXXXXX)"
+fi
+cleanup() {
+    if [ "$KEEP" = 1 ]; then echo "sanitize.sh: kept $WORK"; else rm -rf "$WORK"; fi
+}
+trap cleanup EXIT
+
+log() { echo "sanitize.sh: $*"; }
+T0=$(date +%s)
+
+# ---- 1. copy the sources ------------------------------------------------------
+rm -rf "$WORK/src" "$WORK/build-temp" "$WORK/reports"   # nothing stale from a past run
+mkdir -p "$WORK/src"
+tar -C "$ROOT" \
+    --exclude=./.git --exclude=./build --exclude=./dist --exclude=./.venv \
+    --exclude='*.so' --exclude='*.pyd' --exclude='*.o' --exclude=__pycache__ \
+    --exclude=./.hypothesis --exclude=./.pytest_cache --exclude=./docs/_build \
+    --exclude='*.egg-info' --exclude=./fuzz/build \
+    -cf - . | tar -C "$WORK/src" -xf -
+SRC="$WORK/src"
+
+if [ "$SELFTEST" = 1 ]; then
+    [ ${#PYTEST_ARGS[@]} -gt 0 ] || PYTEST_ARGS=(-x tests/test_fuzz_api.py::test_every_layout_against_reference)
+    # Plant a bug the real code must never have: the scalar sum reads one
+    # element past the end of every record (x[d]). A correct harness must
+    # fail with an ASan heap-buffer-overflow report.
+    "$PYTHON" - "$SRC/csrc/ln_scalar.c" <<'PYEOF'
+import re, sys
+p = sys.argv[1]
+s = open(p).read()
+m = re.search(r"double\s+sum_f64\s*\(\s*const double \*x,\s*size_t d\s*\)\s*\{", s)
+assert m, "selftest: could not find sum_f64(const double *x, size_t d) in ln_scalar.c"
+plant = "\n    volatile double planted_oob = x[d]; (void)planted_oob; /* SELFTEST */"
+s = s[:m.end()] + plant + s[m.end():]
+open(p, "w").write(s)
+PYEOF
+    log "selftest: planted an over-read of x[d] in the copy's scalar sum_f64"
+fi
+
+# ---- 2. build with the sanitizers ------------------------------------------------
+SAN_FLAGS="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer -g"
+log "building in $SRC with $SAN_FLAGS"
+(
+    cd "$SRC"
+    CFLAGS="$SAN_FLAGS" LDFLAGS="-fsanitize=address,undefined" \
+        "$PYTHON" setup.py -q build_ext --inplace --build-temp "$WORK/build-temp" \
+        > "$WORK/build.log" 2>&1
+) || { cat "$WORK/build.log"; log "build FAILED"; exit 1; }
+
+SO=$(ls "$SRC"/layernorm_c/_core*.so)
+SYMS="$(nm -D "$SO")"   # (not piped into grep -q: SIGPIPE + pipefail)
+case "$SYMS" in *__asan_report*) ;; *) log "FAILED: $SO is not instrumented by ASan"; exit 1 ;; esac
+case "$SYMS" in *__ubsan_handle*) ;; *) log "FAILED: $SO is not instrumented by UBSan"; exit 1 ;; esac
+
+LIBASAN="$(gcc -print-file-name=libasan.so)"
+[ -e "$LIBASAN" ] || { log "FAILED: libasan not found ($LIBASAN)"; exit 1; }
+
+# libstdc++ right after libasan: C++ extensions in the test environment
+# (matplotlib, torch) throw exceptions, and ASan's __cxa_throw interceptor
+# needs the real one loaded when ASan starts, else "CHECK failed:
+# real___cxa_throw".
+LIBSTDCXX="$(gcc -print-file-name=libstdc++.so)"
+[ -e "$LIBSTDCXX" ] && LIBASAN="$LIBASAN:$(readlink -f "$LIBSTDCXX")"
+
+LOGDIR="$WORK/reports"
+mkdir -p "$LOGDIR"
+# detect_leaks=0: CPython keeps many allocations alive until exit on purpose.
+# halt_on_error/abort: the first report ends the process (and the run).
+export LD_PRELOAD="$LIBASAN${LD_PRELOAD:+:$LD_PRELOAD}"
+export ASAN_OPTIONS="detect_leaks=0:halt_on_error=1:abort_on_error=0:strict_string_checks=1:log_path=$LOGDIR/asan"
+export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:log_path=$LOGDIR/ubsan"
+# Python objects allocated by malloc, so ASan sees their bounds too.
+export PYTHONMALLOC=malloc
+export PYTHONPATH="$SRC${PYTHONPATH:+:$PYTHONPATH}"
+# No faulthandler: its signal stack would stand in ASan's way when printing
+# the stack of a crash (the report stops after its first lines).
+unset PYTHONFAULTHANDLER
+# Tests that measure RSS can tell they run here (ASan's shadow memory and
+# its quarantine of freed blocks make RSS meaningless) and skip.
+export LAYERNORM_C_SANITIZED=1
+
+# The tests must import the sanitized copy, not an installed/editable build.
+( cd "$SRC" && "$PYTHON" -c "
+import sys, layernorm_c._core as c
+where = c.__file__
+assert where.startswith(sys.argv[1]), 'imported ' + where + ', not the sanitized copy'
+print('sanitize.sh: using', where)
+" "$SRC" )
+
+report_and_fail() {
+    log "FAILED: $1"
+    for f in "$LOGDIR"/*; do
+        [ -e "$f" ] || continue
+        echo "===== $f"; cat "$f"
+    done
+    exit 1
+}
+
+# ---- 3. the test suite ------------------------------------------------------------------
+log "running the test suite under ASan+UBSan"
+T1=$(date +%s)
+set +e
+# RSS-growth tests that do not skip under LAYERNORM_C_SANITIZED themselves
+# (ASan quarantines ~256 MB of freed memory; leaks are the leak pass's job).
+DESELECT=(--deselect tests/test_core_resources.py::test_no_memory_growth_over_thousands_of_calls)
+( cd "$SRC" && "$PYTHON" -m pytest -q -p no:cacheprovider -p no:faulthandler "${DESELECT[@]}" \
+    "${PYTEST_ARGS[@]}" )
+RC=$?
+set -e
+T2=$(date +%s)
+log "test suite: exit $RC in $((T2 - T1)) s"
+if [ "$SELFTEST" = 1 ]; then
+    # Success here means the planted over-read was caught and reported.
+    if grep -ls "heap-buffer-overflow" "$LOGDIR"/asan* 2> /dev/null | xargs -r grep -l "sum_f64" \
+            > /dev/null 2>&1; then
+        grep -h -m1 -A3 "ERROR: AddressSanitizer" "$LOGDIR"/asan* || true
+        log "selftest OK: ASan reported the planted heap-buffer-overflow in sum_f64"
+        exit 0
+    fi
+    report_and_fail "selftest: the planted over-read was NOT reported"
+fi
+if compgen -G "$LOGDIR/*" > /dev/null; then
+    report_and_fail "sanitizer report(s) during the test suite"
+fi
+[ "$RC" = 0 ] || report_and_fail "pytest exit status $RC"
+
+# ---- 4. leak pass: LeakSanitizer on, only leaks from layernorm_c's code count --------------
+log "leak pass (LeakSanitizer)"
+set +e
+( cd "$SRC" && ASAN_OPTIONS="detect_leaks=1:exitcode=23:halt_on_error=1:log_path=$LOGDIR/lsan" \
+    "$PYTHON" "$SRC/tools/leakcheck.py" )
+RC=$?
+set -e
+OURS=0
+for f in "$LOGDIR"/lsan*; do
+    [ -e "$f" ] || continue
+    # A leak is ours if one of its allocation frames is in the extension.
+    if "$PYTHON" "$SRC/tools/lsan_filter.py" "$f"; then
+        rm -f "$f"        # CPython/NumPy interpreter-lifetime allocations only
+    else
+        OURS=1
+    fi
+done
+if [ "$OURS" = 1 ] || compgen -G "$LOGDIR/[au]*san*" > /dev/null; then
+    report_and_fail "leak(s) allocated by layernorm_c"
+fi
+[ "$RC" = 0 ] || [ "$RC" = 23 ] || report_and_fail "leak pass exit status $RC"
+log "OK: 0 ASan/UBSan reports, 0 leaks from layernorm_c ($(( $(date +%s) - T0 )) s in all)"
