@@ -25,16 +25,9 @@ from layernorm_c import _core
 N_CALLS = 25
 
 
-def _fast_arity() -> int:
-    """_fast takes (x, w, b, eps, rs) or, with out=, (x, w, b, eps, out, rs)."""
-    doc = _core._fast.__doc__ or ""
-    return 6 if "out" in doc.split(")")[0] else 5
-
-
 def call_fast(x, w, b, eps, rs, out=None):
-    if _fast_arity() == 6:
-        return _core._fast(x, w, b, eps, out, rs)
-    return _core._fast(x, w, b, eps, rs)
+    """The C fast path, called directly: _fast(x, weight, bias, eps, out, return_stats)."""
+    return _core._fast(x, w, b, eps, out, rs)
 
 
 #: Interpreter-wide objects the C code returns or touches on every call.

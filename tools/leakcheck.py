@@ -22,17 +22,9 @@ REPEAT = int(sys.argv[1]) if len(sys.argv) > 1 else 20
 CALLS = 0
 
 
-def _fast_arity() -> int:
-    """_fast takes (x, w, b, eps, rs) or, with out=, (x, w, b, eps, out, rs)."""
-    doc = _core._fast.__doc__ or ""
-    return 6 if "out" in doc.split(")")[0] else 5
-
-
 def fast(x, w, b, eps, rs, out=None):
-    """Call the C fast path directly, whichever its arity."""
-    if _fast_arity() == 6:
-        return _core._fast(x, w, b, eps, out, rs)
-    return _core._fast(x, w, b, eps, rs)
+    """The C fast path, called directly: _fast(x, weight, bias, eps, out, return_stats)."""
+    return _core._fast(x, w, b, eps, out, rs)
 
 
 def expect_error(fn, *args, **kwargs):
