@@ -271,6 +271,40 @@ static int fast_out(PyObject *o, PyArrayObject *x, PyObject **y)
     return 0;
 }
 
+/* Does [p, p + n) share a byte with the data of a? */
+static int overlaps(PyArrayObject *a, const char *p, size_t n)
+{
+    const char *lo = PyArray_BYTES(a), *hi = lo + PyArray_NBYTES(a);
+    return p < hi && lo < p + n;
+}
+
+/* If the 1-d parameter at *ptr (d items of isz bytes, stride *col) shares
+ * memory with y, replace it by a contiguous copy in *copy (freed by the
+ * caller). -1 with MemoryError set if the copy cannot be had. */
+static int param_copy_if_overlap(PyArrayObject *y, const char **ptr,
+                                 ptrdiff_t *col, npy_intp d, npy_intp isz,
+                                 char **copy)
+{
+    *copy = NULL;
+    if (*ptr == NULL)
+        return 0;
+    ptrdiff_t span = (ptrdiff_t)(d - 1) * *col;
+    const char *lo = span < 0 ? *ptr + span : *ptr;
+    size_t n = (size_t)(span < 0 ? -span : span) + (size_t)isz;
+    if (!overlaps(y, lo, n))
+        return 0;
+    *copy = PyMem_Malloc((size_t)(d * isz));
+    if (*copy == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (npy_intp i = 0; i < d; i++)
+        memcpy(*copy + i * isz, *ptr + i * *col, (size_t)isz);
+    *ptr = *copy;
+    *col = (ptrdiff_t)isz;
+    return 0;
+}
+
 /*
  * _fast(x, weight, bias, eps, out, return_stats): layer_norm over the last
  * axis for the common case (C-contiguous native float x, same-dtype (d,)
@@ -298,9 +332,9 @@ static PyObject *fast_layer_norm(PyObject *self, PyObject *const *args,
     double eps = PyFloat_AS_DOUBLE(args[3]);
     if (!(eps >= 0.0 && eps <= DBL_MAX))
         Py_RETURN_NOTIMPLEMENTED;
-    int want_stats = PyObject_IsTrue(args[5]);
-    if (want_stats < 0)
-        return NULL;
+    if (!PyBool_Check(args[5]))
+        Py_RETURN_NOTIMPLEMENTED; /* the wrapper explains */
+    int want_stats = args[5] == Py_True;
 
     ln_batch job;
     memset(&job, 0, sizeof job);
@@ -340,10 +374,23 @@ static PyObject *fast_layer_norm(PyObject *self, PyObject *const *args,
         job.mean_row = job.var_row = PyArray_ITEMSIZE((PyArrayObject *)mean);
     }
 
+    /* A parameter that shares memory with y would change under the rows
+     * already written: work on a copy of it (d values). */
+    char *w_copy = NULL, *b_copy = NULL;
+    if (param_copy_if_overlap((PyArrayObject *)y, &job.w, &job.w_col, d, isz,
+                              &w_copy) < 0 ||
+        param_copy_if_overlap((PyArrayObject *)y, &job.b, &job.b_col, d, isz,
+                              &b_copy) < 0) {
+        PyMem_Free(w_copy);
+        goto fail;
+    }
+
     int rc;
     Py_BEGIN_ALLOW_THREADS
     rc = ln_batch_run(g_kernels, &job, g_threads);
     Py_END_ALLOW_THREADS
+    PyMem_Free(w_copy);
+    PyMem_Free(b_copy);
     if (rc == LN_ENOMEM) {
         PyErr_NoMemory();
         goto fail;
