@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, Literal, NamedTuple, Optional, Sequence, Tuple, Union, overload
 
 import numpy as np
+from numpy.typing import ArrayLike, NDArray
 
 from . import _core
 
@@ -17,6 +18,11 @@ __all__ = ["layer_norm", "LayerNormResult", "layer_norm_ufunc"]
 
 #: The raw generalized ufunc ``(n),(n),(n),()->(n)``: ``x, weight, bias, eps -> y``.
 layer_norm_ufunc: np.ufunc = _core.layer_norm
+
+#: What ``eps`` accepts: a Python or NumPy real number.
+EpsLike = Union[float, "np.floating[Any]"]
+#: An axis or a tuple of axes.
+AxisLike = Union[int, Sequence[int]]
 
 _AxisError = getattr(getattr(np, "exceptions", np), "AxisError")
 
@@ -38,21 +44,47 @@ _EXPECTED = ("a real array: float16, float32 or float64 "
 class LayerNormResult(NamedTuple):
     """What ``layer_norm(..., return_stats=True)`` returns."""
 
-    y: np.ndarray
+    y: NDArray[Any]
     """The normalized output, shaped like ``x``."""
-    mean: np.ndarray
+    mean: NDArray[Any]
     """Per-record mean, shaped like ``x`` without the normalized axes."""
-    var: np.ndarray
+    var: NDArray[Any]
     """Per-record population variance (divided by d, without eps)."""
 
 
-def _as_real_array(a, name: str) -> np.ndarray:
+def _short_repr(value: object, limit: int = 40) -> str:
+    """``repr(value)``, cut to about ``limit`` characters for huge values."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit // 2]}...{text[-8:]} ({len(text)} characters)"
+
+
+def _as_real_array(a: object, name: str) -> np.ndarray:
     """``np.asarray(a)`` with integer/bool widened to float64; other
-    non-float dtypes (complex, object, strings, datetimes...) rejected."""
+    non-float dtypes (complex, object, strings, datetimes...) rejected.
+
+    Masked arrays are refused: their mask would be dropped silently and the
+    masked values would still feed the statistics."""
+    if a is None:
+        raise TypeError(f"{name}: expected array_like, got None")
+    if isinstance(a, np.ma.MaskedArray):
+        raise TypeError(
+            f"{name}: masked arrays are not supported (the mask would be ignored and "
+            f"the masked values would still enter the statistics); pass "
+            f"np.ma.filled({name}, fill_value) to choose the values of the masked "
+            f"entries, or {name}.data to normalize the raw values")
     try:
         arr = np.asarray(a)
     except (TypeError, ValueError) as exc:
-        raise type(exc)(f"{name}: could not be converted to an array: {exc}") from exc
+        kind = ValueError if isinstance(exc, ValueError) else TypeError
+        hint = ""
+        if "Tracer" in type(exc).__name__:
+            hint = ("; layernorm_c computes on NumPy arrays, so call it outside "
+                    "jax.jit (or through jax.pure_callback)")
+        raise kind(f"{name}: expected array_like, got {type(a).__name__} that could not "
+                   f"be converted to a NumPy array ({type(exc).__name__}: {exc}){hint}"
+                   ) from exc
     kind = arr.dtype.kind
     if kind in "biu":
         return arr.astype(np.float64)
@@ -88,35 +120,63 @@ def _normalize_axes(axis, ndim: int) -> Tuple[int, ...]:
     return norm
 
 
-def _as_param(p, name: str, norm_shape: Tuple[int, ...]) -> Optional[np.ndarray]:
+def _as_param(p: object, name: str, x_shape: Tuple[int, ...],
+              axes: Tuple[int, ...]) -> Optional[np.ndarray]:
+    """weight or bias as an array of the normalized shape, broadcast the way
+    NumPy would broadcast it in ``g * xhat + b``: a scalar, ``(1, d)``, or a
+    keepdims shape (1 on every axis that is not normalized) are accepted."""
     if p is None:
         return None
     arr = _as_real_array(p, name)
-    if arr.shape != norm_shape:
-        raise ValueError(
-            f"{name}: expected shape {norm_shape} (the normalized axes of x), "
-            f"got shape {arr.shape}"
-        )
-    return arr
+    norm_shape = tuple(x_shape[a] for a in axes)
+    shape = arr.shape
+    if len(shape) == len(x_shape) and len(shape) > len(norm_shape) and all(
+            shape[i] == 1 for i in range(len(shape)) if i not in axes):
+        # keepdims form, e.g. (d, 1) for x of shape (B, d, T) normalized over axis 1
+        arr = arr.reshape(tuple(shape[a] for a in axes))
+    else:
+        extra = len(shape) - len(norm_shape)
+        if extra > 0 and all(n == 1 for n in shape[:extra]):
+            arr = arr.reshape(shape[extra:])  # leading 1s: (1, 1, d) for (B, T, d)
+    try:
+        if np.broadcast_shapes(arr.shape, norm_shape) == norm_shape:
+            return np.broadcast_to(arr, norm_shape)
+    except ValueError:
+        pass
+    raise ValueError(
+        f"{name}: expected shape {norm_shape} (the normalized axes of x) or a shape "
+        f"that broadcasts to it, got shape {shape}"
+    )
 
 
-def _check_eps(eps) -> float:
+def _check_eps(eps: object) -> float:
     if isinstance(eps, np.ndarray) and eps.ndim == 0:
         eps = eps[()]
     if isinstance(eps, (bool, np.bool_)) or not isinstance(eps, numbers.Real):
         raise TypeError(
-            f"eps: expected a real number, got {type(eps).__name__} {eps!r}"
+            f"eps: expected a real number, got {type(eps).__name__} {_short_repr(eps)}"
         )
     try:
         value = float(eps)
     except OverflowError:  # an int beyond the float range
         value = math.inf
     if not math.isfinite(value) or value < 0:
-        raise ValueError(f"eps: expected a finite number >= 0, got {eps!r}")
+        raise ValueError(f"eps: expected a finite number >= 0, got {_short_repr(eps)}")
     return value
 
 
-def _check_out(out, shape: Tuple[int, ...], dtype: np.dtype) -> None:
+def _check_flag(value: object, name: str) -> bool:
+    """A bool argument: True/False or a NumPy bool, nothing merely truthy."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name}: expected a bool, got {type(value).__name__} "
+                        f"{_short_repr(value)}")
+    return bool(value)
+
+
+def _check_out(out: object, shape: Tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    if isinstance(out, np.ma.MaskedArray):
+        raise TypeError("out: expected a numpy.ndarray, got a masked array (its mask "
+                        "would not be written)")
     if not isinstance(out, np.ndarray):
         raise TypeError(f"out: expected a numpy.ndarray, got {type(out).__name__}")
     if out.shape != shape:
@@ -125,24 +185,84 @@ def _check_out(out, shape: Tuple[int, ...], dtype: np.dtype) -> None:
         raise TypeError(f"out: expected dtype {dtype} (the result dtype), got {out.dtype}")
     if not out.flags.writeable:
         raise ValueError("out: expected a writeable array, got a read-only one")
+    return out
 
 
-def _flatten_view(a: np.ndarray, shape: Tuple[int, ...]) -> Optional[np.ndarray]:
-    """``a.reshape(shape)`` if that is a view of ``a``, else None."""
-    v = a.reshape(shape)
-    return v if np.may_share_memory(v, a) or a.size == 0 else None
+class _Plan(NamedTuple):
+    """How a call maps onto the gufuncs: the checked input and its
+    normalized axes."""
+
+    x: np.ndarray
+    axes: Tuple[int, ...]
+    lead_shape: Tuple[int, ...]
+    norm_shape: Tuple[int, ...]
+    perm: Tuple[int, ...]
 
 
+def _plan(x: object, axis: object) -> _Plan:
+    """Validate x and axis."""
+    xa = _as_real_array(x, "x")
+    if xa.ndim == 0:
+        raise ValueError(
+            "x: expected an array with at least 1 dimension, got a 0-d array"
+        )
+    axes = _normalize_axes(axis, xa.ndim)
+    norm_shape = tuple(xa.shape[a] for a in axes)
+    if math.prod(norm_shape) == 0:
+        raise ValueError(
+            f"x: expected normalized axes of nonzero length, got shape "
+            f"{xa.shape} normalized over axis {axis!r}"
+        )
+    lead = tuple(i for i in range(xa.ndim) if i not in axes)
+    return _Plan(xa, axes, tuple(xa.shape[i] for i in lead), norm_shape, lead + axes)
+
+
+def _result_dtype(x: np.ndarray, params: Sequence[Tuple[object, Optional[np.ndarray]]]
+                  ) -> np.dtype:
+    """NumPy's promotion of x and the parameters, as ``g * xhat + b`` would
+    give it: integer and bool arrays count as float64, and a Python scalar
+    parameter is weak (it never widens the result)."""
+    dts = [x.dtype] + [a.dtype for given, a in params
+                       if a is not None and type(given) not in (bool, int, float)]
+    return np.dtype(np.result_type(*dts).char)
+
+
+def _records_view(a: np.ndarray, plan: _Plan) -> Tuple[np.ndarray, bool]:
+    """``a`` (shaped like x) with the normalized axes moved last and, if
+    there are several, flattened into one: ``(view, True)`` when that is a
+    view of ``a``, else ``(copy, False)``."""
+    moved = a.transpose(plan.perm)
+    if len(plan.axes) == 1:
+        return moved, True
+    flat = moved.reshape(plan.lead_shape + (math.prod(plan.norm_shape),))
+    return flat, a.size == 0 or np.may_share_memory(flat, a)
+
+
+@overload
+def layer_norm(x: ArrayLike, weight: Optional[ArrayLike] = ..., bias: Optional[ArrayLike] = ...,
+               eps: EpsLike = ..., *, axis: AxisLike = ...,
+               out: Optional[NDArray[Any]] = ...,
+               return_stats: Literal[False] = ...) -> NDArray[Any]: ...
+@overload
+def layer_norm(x: ArrayLike, weight: Optional[ArrayLike] = ..., bias: Optional[ArrayLike] = ...,
+               eps: EpsLike = ..., *, axis: AxisLike = ...,
+               out: Optional[NDArray[Any]] = ...,
+               return_stats: Literal[True]) -> LayerNormResult: ...
+@overload
+def layer_norm(x: ArrayLike, weight: Optional[ArrayLike] = ..., bias: Optional[ArrayLike] = ...,
+               eps: EpsLike = ..., *, axis: AxisLike = ...,
+               out: Optional[NDArray[Any]] = ...,
+               return_stats: bool = ...) -> Union[NDArray[Any], LayerNormResult]: ...
 def layer_norm(
-    x,
-    weight=None,
-    bias=None,
-    eps: float = 1e-5,
+    x: ArrayLike,
+    weight: Optional[ArrayLike] = None,
+    bias: Optional[ArrayLike] = None,
+    eps: EpsLike = 1e-5,
     *,
-    axis: Union[int, Sequence[int]] = -1,
-    out: Optional[np.ndarray] = None,
+    axis: AxisLike = -1,
+    out: Optional[NDArray[Any]] = None,
     return_stats: bool = False,
-):
+) -> Union[NDArray[Any], LayerNormResult]:
     """Layer normalization of every record of ``x``.
 
     Each record (by default each 1-d slice along the last axis) is
@@ -159,12 +279,15 @@ def layer_norm(
         Input with at least one dimension. float16, float32 and float64 are
         computed natively (float16 internally in float32; statistics are
         totalled in float64); integer and bool inputs are computed in
-        float64.
+        float64. Masked arrays are refused (see Raises).
     weight : array_like, optional
-        Gain, shaped like the normalized axes (``(d,)`` for one axis).
-        ``None`` means no gain (gain 1).
+        Gain, of the normalized axes' shape (``(d,)`` for one axis) or any
+        shape NumPy broadcasts to it, as in a hand-written
+        ``weight * xhat + bias``: a scalar, ``(1, d)``, or ``x``'s number of
+        dimensions with 1 on every axis that is not normalized. ``None``
+        means no gain (gain 1).
     bias : array_like, optional
-        Bias, shaped like the normalized axes. ``None`` means no bias.
+        Bias, shaped like ``weight``. ``None`` means no bias.
     eps : float, optional
         Added to the variance inside the square root; must be finite and
         ``>= 0``. It is used in float64 whatever the input dtype.
@@ -176,16 +299,21 @@ def layer_norm(
         axes' shape.
     out : ndarray, keyword-only, optional
         Array to write the result to: the shape of ``x`` and the result
-        dtype. ``out=x`` normalizes in place.
+        dtype. ``out=x`` normalizes in place. ``out`` may share memory with
+        any input (``x``, ``weight``, ``bias``): the result is always the
+        one computed from the inputs as they were before the call.
     return_stats : bool, keyword-only, optional
         Also return the per-record mean and variance.
 
     Returns
     -------
     y : ndarray
-        The normalized array, shaped like ``x``, of the dtype NumPy's
-        promotion gives for ``x``, ``weight`` and ``bias`` (integer and bool
-        count as float64). ``out`` itself if it was given.
+        The normalized array, shaped like ``x`` and in ``x``'s memory order
+        (a Fortran-ordered ``x`` gives a Fortran-ordered ``y``, as
+        ``np.empty_like`` does), of the dtype NumPy's promotion gives for
+        ``x``, ``weight`` and ``bias`` (integer and bool arrays count as
+        float64; a Python scalar parameter never widens the result).
+        ``out`` itself if it was given.
     LayerNormResult
         If ``return_stats``: the named tuple ``(y, mean, var)``. ``mean`` and
         ``var`` are shaped like ``x`` without the normalized axes, in the
@@ -195,12 +323,16 @@ def layer_norm(
     Raises
     ------
     TypeError
-        An unsupported dtype (complex, object, string, datetime, longdouble)
-        for ``x``, ``weight``, ``bias`` or ``out``; a non-real ``eps``.
+        ``x`` is None or cannot be converted to an array; an unsupported
+        dtype (complex, object, string, datetime, longdouble) for ``x``,
+        ``weight``, ``bias`` or ``out``; a masked array (its mask would be
+        ignored: pass ``np.ma.filled(x, value)`` or ``x.data``); a non-real
+        ``eps``; a ``return_stats`` that is not a bool.
     ValueError
         0-d ``x``; a normalized axis of length 0; ``weight`` or ``bias`` of
-        the wrong shape; ``eps`` negative, NaN or infinite; ``out`` of the
-        wrong shape or read-only; an axis out of range (``AxisError``).
+        a shape that does not broadcast to the normalized axes; ``eps``
+        negative, NaN or infinite; ``out`` of the wrong shape or read-only;
+        an axis out of range (``AxisError``).
 
     See Also
     --------
@@ -224,50 +356,34 @@ def layer_norm(
         if res is not NotImplemented:
             return LayerNormResult(*res) if return_stats else res
 
-    xa = _as_real_array(x, "x")
-    if xa.ndim == 0:
-        raise ValueError(
-            "x: expected an array with at least 1 dimension, got a 0-d array"
-        )
-    axes = _normalize_axes(axis, xa.ndim)
-    norm_shape = tuple(xa.shape[a] for a in axes)
-    d = math.prod(norm_shape)
-    if d == 0:
-        raise ValueError(
-            f"x: expected normalized axes of nonzero length, got shape "
-            f"{xa.shape} normalized over axis {axis!r}"
-        )
-    w = _as_param(weight, "weight", norm_shape)
-    b = _as_param(bias, "bias", norm_shape)
+    plan = _plan(x, axis)
+    xa = plan.x
+    w = _as_param(weight, "weight", xa.shape, plan.axes)
+    b = _as_param(bias, "bias", xa.shape, plan.axes)
     eps = _check_eps(eps)
-
-    dtype = np.dtype(np.result_type(*[a for a in (xa, w, b) if a is not None]).char)
+    want_stats = _check_flag(return_stats, "return_stats")
+    dtype = _result_dtype(xa, [(weight, w), (bias, b)])
     if out is not None:
         _check_out(out, xa.shape, dtype)
     stats_dtype = _F32 if dtype == _F16 else dtype
 
-    # Move the normalized axes last (views), then flatten them into one.
-    lead = tuple(i for i in range(xa.ndim) if i not in axes)
-    perm = lead + axes
-    lead_shape = tuple(xa.shape[i] for i in lead)
-    flat = lead_shape + (d,)
-    xm = xa.transpose(perm).reshape(flat).astype(dtype, copy=False)
-
-    y = np.empty(xa.shape, dtype) if out is None else out
-    ym = _flatten_view(y.transpose(perm), flat)
-    target = ym if ym is not None else np.empty(flat, dtype)
-    mean = np.empty(lead_shape, stats_dtype)
-    var = np.empty(lead_shape, stats_dtype)
-
+    # The output keeps x's memory order (like np.empty_like). The gufunc
+    # sees x and y with the normalized axes last: views, so NumPy's overlap
+    # logic sees the real memory of both.
+    y = np.empty_like(xa, dtype=dtype) if out is None else out
+    xm, _ = _records_view(xa.astype(dtype, copy=False), plan)
+    ym, is_view = _records_view(y, plan)
+    mean = np.empty(plan.lead_shape, stats_dtype)
+    var = np.empty(plan.lead_shape, stats_dtype)
+    d = math.prod(plan.norm_shape)
     params = [p.astype(dtype, copy=False).reshape(d) for p in (w, b) if p is not None]
     ufunc = _STATS_UFUNCS[(w is not None, b is not None)]
     _core._take_enomem()  # start clear
-    ufunc(xm, *params, np.float64(eps), out=(target, mean, var))
+    ufunc(xm, *params, np.float64(eps), out=(ym, mean, var))
     if _core._take_enomem():
         raise MemoryError("layer_norm: could not allocate the kernels' scratch rows")
-
-    if ym is None:
-        np.copyto(y.transpose(perm), target.reshape(tuple(y.shape[i] for i in perm)))
-    if return_stats:
+    if not is_view:
+        np.copyto(y.transpose(plan.perm), ym.reshape(tuple(y.shape[i] for i in plan.perm)))
+    if want_stats:
         return LayerNormResult(y, mean, var)
     return y

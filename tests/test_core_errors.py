@@ -63,8 +63,72 @@ def test_unsupported_x_dtype(bad, dtype):
 
 
 def test_unconvertible_x():
-    with pytest.raises(ValueError, match=r"^x: could not be converted to an array"):
+    with pytest.raises((ValueError, TypeError), match=r"^x: expected"):
         lnc.layer_norm([[1.0, 2.0], [3.0]])
+
+
+def test_x_none():
+    with pytest.raises(TypeError, match=r"^x: expected array_like, got None$"):
+        lnc.layer_norm(None)
+
+
+class _PickyError(TypeError):
+    """Like JAX's TracerArrayConversionError: its constructor takes another
+    argument than a message, so ``type(exc)(message)`` cannot rebuild it."""
+
+    def __init__(self, tracer):
+        super().__init__(f"cannot convert {tracer.name} to a NumPy array")
+
+
+class _Tracer:
+    name = "Traced<ShapedArray(float32[4])>"
+
+    def __array__(self, dtype=None, copy=None):
+        raise _PickyError(self)
+
+
+class _BadValues:
+    def __array__(self, dtype=None, copy=None):
+        raise ValueError("no values here")
+
+
+def test_conversion_errors_are_our_own_with_the_cause_chained():
+    with pytest.raises(TypeError, match=r"^x: expected array_like, got _Tracer that could "
+                                        r"not be converted to a NumPy array \(_PickyError: "
+                                        r"cannot convert Traced") as info:
+        lnc.layer_norm(_Tracer())
+    assert type(info.value) is TypeError
+    assert isinstance(info.value.__cause__, _PickyError)
+    with pytest.raises(ValueError, match=r"^weight: expected array_like.*no values here") as info:
+        lnc.layer_norm(X, _BadValues())
+    assert type(info.value) is ValueError
+
+
+@pytest.mark.parametrize("name", ["x", "weight", "bias"])
+def test_masked_arrays_are_refused_with_a_way_forward(name):
+    m = np.ma.masked_array(np.ones(4), mask=[0, 1, 0, 0])
+    args = {"x": X, "weight": None, "bias": None}
+    args[name] = m if name != "x" else np.ma.masked_array(X, mask=X > 5)
+    with pytest.raises(TypeError, match=rf"^{name}: masked arrays are not supported.*"
+                                        rf"np\.ma\.filled\({name}.*{name}\.data"):
+        lnc.layer_norm(args["x"], args["weight"], args["bias"])
+
+
+def test_masked_out_is_refused():
+    out = np.ma.masked_array(np.zeros_like(X))
+    with pytest.raises(TypeError, match=r"^out: expected a numpy.ndarray, got a masked array"):
+        lnc.layer_norm(X, out=out)
+
+
+@pytest.mark.parametrize("flag", ["no", 1, 0, None, 1.0, np.array([True])])
+def test_return_stats_must_be_a_bool(flag):
+    with pytest.raises(TypeError, match=r"^return_stats: expected a bool, got"):
+        lnc.layer_norm(X, return_stats=flag)
+
+
+def test_return_stats_accepts_numpy_bools():
+    assert isinstance(lnc.layer_norm(X, return_stats=np.True_), lnc.LayerNormResult)
+    assert isinstance(lnc.layer_norm(X, return_stats=np.False_), np.ndarray)
 
 
 # ------------------------------------------------------------ weight, bias
@@ -78,9 +142,10 @@ def test_unsupported_param_dtype(name, bad, dtype):
 
 
 @pytest.mark.parametrize("name", ["weight", "bias"])
-@pytest.mark.parametrize("shape", [(5,), (3,), (1, 4), (4, 1), ()])
+@pytest.mark.parametrize("shape", [(5,), (3,), (4, 1), (2, 4), (1, 3), (3, 4)])
 def test_param_wrong_shape(name, shape):
-    msg = f"{name}: expected shape (4,) (the normalized axes of x), got shape {shape}"
+    msg = (f"{name}: expected shape (4,) (the normalized axes of x) or a shape that "
+           f"broadcasts to it, got shape {shape}")
     with pytest.raises(ValueError, match="^" + re.escape(msg)):
         lnc.layer_norm(X, **{name: np.ones(shape)})
 
@@ -114,9 +179,12 @@ def test_eps_not_a_real_number(eps):
 def test_eps_too_large_for_a_float_is_a_clear_value_error():
     """A Python int beyond the float range is not a finite float64 eps: it
     must be reported as a bad eps, like inf, not as an OverflowError from
-    inside the wrapper without the argument's name."""
-    with pytest.raises(ValueError, match=r"^eps: "):
+    inside the wrapper without the argument's name, and in a short message
+    (not 400 digits)."""
+    with pytest.raises(ValueError, match=r"^eps: expected a finite number >= 0, got "
+                                         r"1000.*\(401 characters\)$") as info:
         lnc.layer_norm(X, eps=10 ** 400)
+    assert len(str(info.value)) < 120
 
 
 @pytest.mark.parametrize("eps", [0, 0.0, 1, np.float16(0.001), np.float32(1e-5),

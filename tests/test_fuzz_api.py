@@ -79,8 +79,11 @@ def params_for(draw, norm_shape, x, fault=False):
     if kind == "ok":
         return draw(fs.arrays_in_layouts(shape, draw(fs.real_dtypes)))
     if kind == "shape":
+        # wrong, or broadcastable to the normalized shape (both are decided
+        # by the contract mirror, param_broadcasts)
         bad = draw(st.sampled_from([shape + (1,), (1,) + shape, shape[:-1],
-                                    tuple(n + 1 for n in shape), ()]))
+                                    tuple(n + 1 for n in shape), (),
+                                    (1,) * len(shape), (2,) + shape]))
         return draw(fs.arrays_in_layouts(bad, draw(fs.real_dtypes)))
     if kind == "dtype":
         return draw(fs.arrays_in_layouts(shape, draw(fs.any_dtype)))
@@ -250,9 +253,46 @@ def fs_normalize_axes(axis, ndim):
     return norm
 
 
+def param_broadcasts(shape, x_shape, axes) -> bool:
+    """Mirror of the documented parameter rule: the normalized shape, or a
+    shape NumPy broadcasts to it (leading 1s allowed), or x's ndim with 1 on
+    every axis that is not normalized."""
+    norm = tuple(x_shape[a] for a in axes)
+    if len(shape) == len(x_shape) and len(shape) > len(norm) and all(
+            shape[i] == 1 for i in range(len(shape)) if i not in axes):
+        shape = tuple(shape[a] for a in axes)
+    elif len(shape) > len(norm):
+        if any(n != 1 for n in shape[:len(shape) - len(norm)]):
+            return False
+        shape = shape[len(shape) - len(norm):]
+    pad = (1,) * (len(norm) - len(shape)) + tuple(shape)
+    return all(p in (1, n) for p, n in zip(pad, norm))
+
+
+def param_to_norm(p, x_shape, axes) -> np.ndarray:
+    """A parameter that passed param_broadcasts, as the normalized shape."""
+    norm = tuple(x_shape[a] for a in axes)
+    shape = p.shape
+    if len(shape) == len(x_shape) and len(shape) > len(norm) and all(
+            shape[i] == 1 for i in range(len(shape)) if i not in axes):
+        p = p.reshape(tuple(shape[a] for a in axes))
+    elif len(shape) > len(norm):
+        p = p.reshape(shape[len(shape) - len(norm):])
+    return np.broadcast_to(p, norm)
+
+
+def is_weak_scalar(p) -> bool:
+    """A Python scalar parameter never widens the result (NumPy 2 rules)."""
+    return type(p) in (bool, int, float)
+
+
 def layer_norm_expectation(x, weight, bias, eps, axis, out, return_stats):
     """None if the documented contract makes this call invalid, else what a
     valid call must produce: (xa, axes, norm_shape, result dtype)."""
+    if any(isinstance(a, np.ma.MaskedArray) for a in (x, weight, bias, out)):
+        return None  # a mask would be ignored: refused
+    if not isinstance(return_stats, (bool, np.bool_)):
+        return None
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -277,12 +317,13 @@ def layer_norm_expectation(x, weight, bias, eps, axis, out, return_stats):
             pa = np.asarray(p)
         except Exception:
             return None
-        if not fs.is_real(pa.dtype) or pa.shape != norm_shape:
+        if not fs.is_real(pa.dtype) or not param_broadcasts(pa.shape, xa.shape, axes):
             return None
         params.append(pa)
     if eps is not DEFAULT and not fs.eps_is_valid(eps):
         return None
-    rdt = fs.compute_dtype(xa.dtype, *(p.dtype for p in params if p is not None))
+    rdt = fs.compute_dtype(xa.dtype, *(p.dtype for p, given in zip(params, (weight, bias))
+                                       if p is not None and not is_weak_scalar(given)))
     if out is not None:
         if not isinstance(out, np.ndarray) or out.shape != xa.shape:
             return None
@@ -351,6 +392,7 @@ def check_layer_norm(case) -> str:
     assert y.shape == xa.shape, (y.shape, xa.shape)
 
     x0, (w0, b0) = before
+    w0, b0 = (None if p is None else param_to_norm(p, x0.shape, axes) for p in (w0, b0))
     e = 1e-5 if eps is DEFAULT else float(eps[()] if isinstance(eps, np.ndarray) else eps)
     d = math.prod(norm_shape)
     lead = [i for i in range(x0.ndim) if i not in axes]

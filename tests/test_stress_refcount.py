@@ -141,8 +141,10 @@ def test_fast_entry_point_directly(data, rs):
     assert_refcounts_stable(lambda: _core._fast(), )
 
 
-def test_fast_return_stats_raising_bool(data):
-    """return_stats whose truth value raises: the error propagates, nothing leaks."""
+def test_fast_return_stats_not_a_bool(data):
+    """return_stats that is not a bool (even one whose truth value raises):
+    the fast path steps aside without asking its truth value, the wrapper
+    raises TypeError, nothing leaks."""
     x, w, b = data
 
     class Bad:
@@ -150,8 +152,10 @@ def test_fast_return_stats_raising_bool(data):
             raise ValueError("no truth value")
 
     bad = Bad()
-    assert_refcounts_stable(lambda: call_fast(x, w, b, 1e-5, bad), x, w, b, bad,
-                            expect_error=ValueError)
+    assert call_fast(x, w, b, 1e-5, bad) is NotImplemented
+    assert_refcounts_stable(lambda: call_fast(x, w, b, 1e-5, bad), x, w, b, bad)
+    assert_refcounts_stable(lambda: lnc.layer_norm(x, w, b, return_stats=bad), x, w, b, bad,
+                            expect_error=TypeError)
 
 
 @pytest.mark.parametrize("rs", [False, True])
