@@ -13,12 +13,21 @@ from setuptools import Extension, setup
 
 SOURCES = [
     "csrc/_coremodule.c",
-    "csrc/ln_row.c",
     "csrc/ln_batch.c",
+    "csrc/ln_stage.c",
+    "csrc/ln_pool.c",
     "csrc/ln_dispatch.c",
     "csrc/ln_scalar.c",
+    "csrc/ln_portable.c",
     "csrc/ln_avx2.c",
     "csrc/ln_avx512.c",
+]
+
+HEADERS = [
+    "csrc/layernorm.h", "csrc/ln_contract.h", "csrc/ln_half.h", "csrc/ln_pool.h",
+    "csrc/ln_stage.h", "csrc/ln_tmpl.h", "csrc/ln_level.h", "csrc/ln_instance.h",
+    "csrc/ln_ref.h", "csrc/ln_lane.h", "csrc/ln_elem.h", "csrc/ln_record.h",
+    "csrc/ln_ops.h", "csrc/ln_x86.h",
 ]
 
 if sys.platform == "win32":
@@ -26,8 +35,7 @@ if sys.platform == "win32":
     link_args = []
 else:
     compile_args = ["-O3", "-std=c11", "-ffp-contract=off", "-fno-fast-math",
-                    "-Wall", "-Wextra", "-Wno-unused-parameter",
-                    "-Wno-missing-field-initializers"]
+                    "-Wall", "-Wextra", "-Wno-unused-parameter"]
     link_args = ["-pthread"]
 
 setup(
@@ -35,7 +43,7 @@ setup(
         Extension(
             "layernorm_c._core",
             sources=SOURCES,
-            depends=["csrc/layernorm.h", "csrc/ln_elem.h"],
+            depends=HEADERS,
             include_dirs=[np.get_include(), "csrc"],
             extra_compile_args=compile_args,
             extra_link_args=link_args,

@@ -1,47 +1,51 @@
 /*
- * ln_elem.h - the float32 formulas of one element, shared by the scalar
- * kernels and the scalar heads/tails of the SIMD kernels, so that every
- * path rounds in exactly the same places. The SIMD loops use the same
- * operations lane by lane (fmaf <-> vfmadd: one rounding either way).
+ * ln_elem.h - the element formulas of the contract (ln_contract.h, items 5
+ * and 6), written once for both compute types. Part of the kernel
+ * template: ln_ref.h and ln_lane.h include it for every instance, with
+ * LN_T, LN_P and LN_FN defined (see ln_tmpl.h). No include guard.
  */
-#ifndef LN_ELEM_H
-#define LN_ELEM_H
 
-#include <math.h>
-#include <stddef.h>
-
-/* x - mean, with mean = mu_hi + mu_lo as two floats. */
-static inline float ln_center_f32(float x, float mu_hi, float mu_lo)
+/* x - mean, with mean = hi + lo as two LN_T values. */
+static inline LN_T LN_FN(center)(LN_T x, LN_T hi, LN_T lo)
 {
-    return (x - mu_hi) - mu_lo;
+    return (x - hi) - lo;
 }
 
 /* acc + t * t, rounded once. */
-static inline float ln_add_square_f32(float acc, float t)
+static inline LN_T LN_FN(add_square)(LN_T acc, LN_T t)
 {
-    return fmaf(t, t, acc);
+    return LN_FMA(t, t, acc);
 }
 
-/* The constant folding mu_lo into the output: (x - mu_hi - mu_lo) * rstd
- * = (x - mu_hi) * rstd + c. */
-static inline float ln_offset_f32(float mu_lo, float rstd)
+/* The normalized value (x - hi - lo) * r as fma(x - hi, r, c), with
+ * c = -(lo * r) computed once per record by LN_FN(offset). */
+static inline LN_T LN_FN(offset)(LN_T lo, LN_T r)
 {
-    return -(mu_lo * rstd);
+    return -(lo * r);
 }
 
-/* One output: fma(x - mu_hi, rstd, c), then the gain and bias (fused when
- * both are present). */
-static inline float ln_out_f32(float x, float mu_hi, float rstd, float c,
-                               const float *w, const float *b)
+static inline LN_T LN_FN(normalize)(LN_T x, LN_T hi, LN_T r, LN_T c)
 {
-    float v = fmaf(x - mu_hi, rstd, c);
+    return LN_FMA(x - hi, r, c);
+}
+
+/* Gain and bias of feature i: fused when both are present. */
+static inline LN_T LN_FN(affine)(LN_T v, const LN_P *w, const LN_P *b, size_t i)
+{
     if (w && b)
-        return fmaf(v, *w, *b);
+        return LN_FMA(v, (LN_T)w[i], (LN_T)b[i]);
     if (w)
-        return v * *w;
+        return v * (LN_T)w[i];
     if (b)
-        return v + *b;
+        return v + (LN_T)b[i];
     return v;
 }
 
-#endif /* LN_ELEM_H */
+/* End of a block: block lanes into the double total lanes, then clear. */
+static inline void LN_FN(flush)(double total[LN_LANES], LN_T lane[LN_LANES])
+{
+    for (size_t j = 0; j < LN_LANES; j++) {
+        total[j] += (double)lane[j];
+        lane[j] = 0;
+    }
+}

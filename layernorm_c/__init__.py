@@ -10,6 +10,7 @@ parameters with both; either may be absent).
 from ._api import LayerNormResult, layer_norm, layer_norm_ufunc
 from ._reference import ReferenceResult, reference_layer_norm
 from ._settings import (
+    MAX_THREADS,
     get_isa,
     get_num_threads,
     set_isa,
@@ -32,5 +33,6 @@ __all__ = [
     "get_num_threads",
     "set_num_threads",
     "thread_threshold",
+    "MAX_THREADS",
     "__version__",
 ]

@@ -378,10 +378,7 @@ def layer_norm(
     d = math.prod(plan.norm_shape)
     params = [p.astype(dtype, copy=False).reshape(d) for p in (w, b) if p is not None]
     ufunc = _STATS_UFUNCS[(w is not None, b is not None)]
-    _core._take_enomem()  # start clear
     ufunc(xm, *params, np.float64(eps), out=(ym, mean, var))
-    if _core._take_enomem():
-        raise MemoryError("layer_norm: could not allocate the kernels' scratch rows")
     if not is_view:
         np.copyto(y.transpose(plan.perm), ym.reshape(tuple(y.shape[i] for i in plan.perm)))
     if want_stats:

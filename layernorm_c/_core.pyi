@@ -17,14 +17,13 @@ _ln_b: np.ufunc  # (n),(n),()->(n),(),(): x, bias, eps -> y, mean, var
 _ln_none: np.ufunc  # (n),()->(n),(),(): x, eps -> y, mean, var
 
 # layer_norm over the last axis for the common case (C-contiguous native
-# float x, same-dtype (d,) parameters or None, a valid float eps, out None
-# or a matching C-contiguous array): y, or (y, mean, var) if return_stats;
-# NotImplemented for anything else.
+# float x, (d,) float parameters of any dtype or None, a valid float eps,
+# out None or a matching C-contiguous array, a bool return_stats): y, or
+# (y, mean, var) if return_stats; NotImplemented for anything else.
 def _fast(x: Any, weight: Any, bias: Any, eps: Any, out: Any, return_stats: Any, /) -> Any: ...
 
-# Did a ufunc loop of this thread run out of scratch memory since the last
-# call? Clears the flag.
-def _take_enomem() -> bool: ...
+# The largest thread count set_num_threads accepts.
+MAX_THREADS: int
 
 def get_isa() -> str: ...
 def set_isa(name: str, /) -> None: ...

@@ -1,8 +1,8 @@
 """Kernel settings: instruction-set level and thread count.
 
 Both start from the environment when layernorm_c is imported:
-``LAYERNORM_C_ISA`` (``scalar``, ``avx2`` or ``avx512``; default: the widest
-the CPU supports) and ``LAYERNORM_C_NUM_THREADS`` (default: the CPUs this
+``LAYERNORM_C_ISA`` (``scalar``, ``portable``, ``avx2`` or ``avx512``;
+default: the widest the CPU supports) and ``LAYERNORM_C_NUM_THREADS`` (default: the CPUs this
 process may run on). Results are bit-identical whatever either is set to.
 """
 from __future__ import annotations
@@ -13,11 +13,21 @@ from typing import Tuple
 
 from . import _core
 
-__all__ = ["get_isa", "set_isa", "supported_isas", "get_num_threads", "set_num_threads"]
+__all__ = ["get_isa", "set_isa", "supported_isas", "get_num_threads", "set_num_threads",
+           "thread_threshold", "MAX_THREADS"]
+
+
+#: The largest thread count :func:`set_num_threads` accepts.
+MAX_THREADS: int = _core.MAX_THREADS
 
 
 def get_isa() -> str:
-    """The instruction-set level the kernels use: 'scalar', 'avx2' or 'avx512'."""
+    """The instruction-set level the kernels use.
+
+    One of ``'scalar'`` (the plain-C reference of the reduction order),
+    ``'portable'`` (compiler-vectorized C: the default off x86), ``'avx2'``
+    and ``'avx512'``. Every level gives the same bits.
+    """
     return _core.get_isa()
 
 
@@ -26,7 +36,7 @@ def set_isa(name: str) -> None:
 
     Parameters
     ----------
-    name : {'scalar', 'avx2', 'avx512'}
+    name : {'scalar', 'portable', 'avx2', 'avx512'}
         A level from :func:`supported_isas`.
 
     Raises
@@ -61,14 +71,14 @@ def set_num_threads(n: int) -> None:
     Parameters
     ----------
     n : int
-        From 1 to 1024.
+        From 1 to :data:`MAX_THREADS` (256).
 
     Raises
     ------
     TypeError
         ``n`` is not an int.
     ValueError
-        ``n`` is outside 1 to 1024.
+        ``n`` is outside 1 to :data:`MAX_THREADS`.
     """
     if isinstance(n, bool) or not isinstance(n, int):
         raise TypeError(f"n: expected an int, got {type(n).__name__}")
@@ -104,7 +114,7 @@ def _init_from_environment() -> None:
         except ValueError as exc:
             warnings.warn(f"LAYERNORM_C_NUM_THREADS ignored: {exc}", RuntimeWarning, stacklevel=3)
             n = _usable_cpus()
-    _core.set_num_threads(min(n, 1024))
+    _core.set_num_threads(min(n, MAX_THREADS))
 
 
 _init_from_environment()

@@ -274,18 +274,29 @@ def test_axis_accepted_forms():
 # ------------------------------------------------------------ settings
 
 def test_set_isa_rejects_unknown_names(restore_settings):
-    with pytest.raises(ValueError, match=r"^isa: expected one of 'scalar', 'avx2', "
-                                         r"'avx512', got 'sse9'"):
+    with pytest.raises(ValueError, match=r"^isa: expected one of 'scalar', 'portable', "
+                                         r"'avx2', 'avx512', got 'sse9'"):
         lnc.set_isa("sse9")
     with pytest.raises(TypeError, match=r"^name: expected a str, got int"):
         lnc.set_isa(2)
     assert lnc.get_isa() in lnc.supported_isas()
 
 
-@pytest.mark.parametrize("n, exc", [(0, ValueError), (-1, ValueError), (1025, ValueError),
+@pytest.mark.parametrize("n, exc", [(0, ValueError), (-1, ValueError),
+                                    (lnc.MAX_THREADS + 1, ValueError), (1025, ValueError),
                                     (1.5, TypeError), ("2", TypeError), (True, TypeError)])
 def test_set_num_threads_rejects_bad_counts(restore_settings, n, exc):
     before = lnc.get_num_threads()
     with pytest.raises(exc, match=r"^n: expected"):
         lnc.set_num_threads(n)
     assert lnc.get_num_threads() == before
+
+
+def test_the_documented_thread_range_is_the_real_one(restore_settings):
+    """1..MAX_THREADS is accepted and kept as given (not silently capped)."""
+    assert lnc.MAX_THREADS == 256
+    lnc.set_num_threads(lnc.MAX_THREADS)
+    assert lnc.get_num_threads() == lnc.MAX_THREADS
+    with pytest.raises(ValueError, match=rf"^n: expected a thread count from 1 to "
+                                         rf"{lnc.MAX_THREADS}, got {lnc.MAX_THREADS + 1}"):
+        lnc.set_num_threads(lnc.MAX_THREADS + 1)

@@ -1,6 +1,7 @@
 """The kernel settings: instruction-set level and thread count, from the
 environment at import time and from the setter functions."""
 import os
+import platform
 import subprocess
 import sys
 from pathlib import Path
@@ -61,7 +62,14 @@ def test_bad_thread_count_in_environment_warns(bad):
 def test_supported_isas_start_with_scalar_and_name_known_levels():
     isas = lnc.supported_isas()
     assert isas[0] == "scalar"
-    assert set(isas) <= {"scalar", "avx2", "avx512"}
+    assert set(isas) <= {"scalar", "portable", "avx2", "avx512"}
+    if platform.machine().lower() in ("x86_64", "amd64"):
+        # x86: the portable level is built for AVX2's features, so it comes
+        # with it; without AVX2 + FMA only the reference runs.
+        assert ("portable" in isas) == ("avx2" in isas)
+    else:
+        # elsewhere the portable level is the default
+        assert isas == ("scalar", "portable") and lnc.get_isa() == "portable"
 
 
 def test_setters_round_trip(restore_settings):

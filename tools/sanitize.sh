@@ -72,20 +72,20 @@ SRC="$WORK/src"
 
 if [ "$SELFTEST" = 1 ]; then
     [ ${#PYTEST_ARGS[@]} -gt 0 ] || PYTEST_ARGS=(-x tests/test_fuzz_api.py::test_every_layout_against_reference)
-    # Plant a bug the real code must never have: the scalar sum reads one
-    # element past the end of every record (x[d]). A correct harness must
-    # fail with an ASan heap-buffer-overflow report.
-    "$PYTHON" - "$SRC/csrc/ln_scalar.c" <<'PYEOF'
+    # Plant a bug the real code must never have: every level's record
+    # statistics read one element past the end of the record (x[d]). A
+    # correct harness must fail with an ASan heap-buffer-overflow report.
+    "$PYTHON" - "$SRC/csrc/ln_record.h" <<'PYEOF'
 import re, sys
 p = sys.argv[1]
 s = open(p).read()
-m = re.search(r"double\s+sum_f64\s*\(\s*const double \*x,\s*size_t d\s*\)\s*\{", s)
-assert m, "selftest: could not find sum_f64(const double *x, size_t d) in ln_scalar.c"
-plant = "\n    volatile double planted_oob = x[d]; (void)planted_oob; /* SELFTEST */"
+m = re.search(r"static void LN_FN\(stats\)\(const LN_S \*x, size_t d, ln_stats \*st\)\s*\{", s)
+assert m, "selftest: could not find LN_FN(stats)(const LN_S *x, size_t d, ln_stats *st) in ln_record.h"
+plant = "\n    volatile double planted_oob = (double)LN_LOAD(x + d); (void)planted_oob; /* SELFTEST */"
 s = s[:m.end()] + plant + s[m.end():]
 open(p, "w").write(s)
 PYEOF
-    log "selftest: planted an over-read of x[d] in the copy's scalar sum_f64"
+    log "selftest: planted an over-read of x[d] in the copy's record statistics (every level)"
 fi
 
 # ---- 2. build with the sanitizers ------------------------------------------------

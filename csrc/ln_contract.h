@@ -1,0 +1,59 @@
+/*
+ * ln_contract.h - the reproducibility contract: the one place that says in
+ * which order a record's sums are taken and where multiply-adds are fused.
+ * docs/math.rst and README link here; every kernel level follows it.
+ *
+ * A record's result depends on its d values (and eps, weight, bias) alone,
+ * bit for bit, on every instruction-set level, thread count and layout:
+ *
+ * 1. Lanes. Element i of a record goes to lane i % LN_LANES. Each lane
+ *    adds its elements in increasing i.
+ * 2. Blocks. Elements are summed LN_BLOCK at a time in block lanes of the
+ *    compute type (float for float16/bfloat16/float32 records, double for
+ *    float64), starting at +0.0; at the end of each block (and of the
+ *    record) block lane j is added to total lane j, a double. Short float
+ *    runs keep float rounding small while float lanes run at twice the
+ *    width of double ones.
+ * 3. Tree. The LN_LANES total lanes are combined pairwise:
+ *    for h = LN_LANES/2, ..., 2, 1: lane[j] += lane[j + h], j < h.
+ * 4. Shift. The first pass sums x[i] - x[0] (in the compute type), so a
+ *    large common offset never enters the float sums; mean = x[0] + sum/d
+ *    in double.
+ * 5. Centering. mean is split into hi = (T)mean and lo = (T)(mean - hi);
+ *    the second pass sums squares of t = (x - hi) - lo.
+ * 6. Fusing. Multiply-adds are fused (one rounding) in exactly three
+ *    places, and nowhere else (everything is built with -ffp-contract=off):
+ *      the square:  acc = fma(t, t, acc)
+ *      the output:  v = fma(x - hi, r, c), with r = (T)(1/sqrt(var + eps))
+ *                   and c = -(lo * r)
+ *      the affine:  y = fma(v, w, b) when both gain and bias are present
+ *                   (v * w or v + b when only one is).
+ * 7. Rounding. 1/sqrt(var + eps) is computed in double; the result is
+ *    rounded once to the output type (round to nearest even).
+ * 8. Fallbacks, decided from the record's own statistics: a float record
+ *    whose variance leaves [LN_F32_VAR_MIN, LN_F32_VAR_MAX] (squares could
+ *    overflow or underflow in float lanes), whose mean is not finite, or
+ *    whose 1/std exceeds the float range is computed with the same formulas
+ *    in double (block lanes of double); a float64 record whose squares leave
+ *    the double range is computed at an exact power-of-two scale.
+ * 9. NaN. A record with a NaN or infinity among its values (or an invalid
+ *    eps) is written as the canonical quiet NaN.
+ */
+#ifndef LN_CONTRACT_H
+#define LN_CONTRACT_H
+
+#define LN_LANES 32
+#define LN_BLOCK 256
+
+/* Variances the float block lanes hold safely. */
+#define LN_F32_VAR_MIN 1e-30
+#define LN_F32_VAR_MAX 1e30
+
+/* The tree halves the lane count down to 1, and the SIMD levels hold the
+ * lanes in whole registers (8 doubles or 16 floats of AVX-512). */
+_Static_assert(LN_LANES >= 16 && (LN_LANES & (LN_LANES - 1)) == 0,
+               "LN_LANES must be a power of two, at least 16");
+/* A block is a whole number of lane rows, so blocks start at lane 0. */
+_Static_assert(LN_BLOCK % LN_LANES == 0, "LN_BLOCK must be a multiple of LN_LANES");
+
+#endif /* LN_CONTRACT_H */

@@ -1,0 +1,251 @@
+/*
+ * ln_lane.h - the primitives in lane form: the same sums as ln_ref.h, but
+ * written as arrays of LN_LANES accumulators updated by inner loops over
+ * the lanes, with no per-element %, so that GCC and Clang keep the lanes in
+ * vector registers and vectorize every loop for the target they compile
+ * for (NEON on aarch64, AVX2 or AVX-512 on x86). Each lane sees the same
+ * additions in the same order as in the reference, and the formulas are
+ * the shared ones of ln_elem.h, so the results are the reference's bit for
+ * bit. Part of the kernel template (see ln_tmpl.h). No include guard.
+ *
+ * Whole rows of LN_LANES elements are read and written with the level's
+ * LN_LOAD_ROW / LN_STORE_ROW when it defines them (x86 converts float16 a
+ * register at a time), else element by element.
+ *
+ * x and y may be the same row (in-place calls), so neither is restrict;
+ * the parameters are never written.
+ */
+#include "ln_elem.h"
+
+/*
+ * A whole row of LN_LANES elements at p: levels that convert a row at a
+ * time (LN_LOAD_ROW, x86 for float16) fill a row buffer first, others
+ * load element j where it is used (GCC then keeps the lanes in registers).
+ * LN_ROW_BEGIN(p) opens a row, LN_ROW(p, j) is its element j.
+ */
+#undef LN_ROW_BEGIN
+#undef LN_ROW
+#if defined(LN_LOAD_ROW)
+#define LN_ROW_BEGIN(p) LN_T row_[LN_LANES]; LN_LOAD_ROW(row_, (p))
+#define LN_ROW(p, j) row_[j]
+#else
+#define LN_ROW_BEGIN(p) (void)0
+#define LN_ROW(p, j) LN_LOAD((p) + (j))
+#endif
+
+/*
+ * Short records (d <= LN_LANES): one partial block with at most one
+ * element per lane, so total lane j is exactly +0.0 + (double)(+0 + v_j)
+ * for j < d and +0.0 beyond, which add nothing to the tree (lanes are
+ * never -0.0: +0 + -0 is +0). The record is read with masked loads into a
+ * zero-padded row and reduced in registers: the same bits as the general
+ * loops, with a fraction of their fixed cost per record.
+ */
+LN_ALWAYS_INLINE void LN_FN(load_part)(LN_T v[LN_LANES], const LN_S *x, size_t d)
+{
+#if defined(LN_LOAD_PART)
+    LN_LOAD_PART(v, x, d);
+#else
+    for (size_t j = 0; j < LN_LANES; j++)
+        v[j] = j < d ? LN_LOAD(x + j) : (LN_T)0;
+#endif
+}
+
+static double LN_FN(sum_shifted_short)(const LN_S *x, size_t d, LN_T shift)
+{
+    LN_T v[LN_LANES];
+    double t[LN_LANES];
+    LN_FN(load_part)(v, x, d);
+    for (size_t j = 0; j < LN_LANES; j++)
+        v[j] = j < d ? v[j] - shift : (LN_T)0;
+    for (size_t j = 0; j < LN_LANES; j++)
+        t[j] = 0.0 + (double)((LN_T)0 + v[j]);
+    return ln_tree_sum(t);
+}
+
+static double LN_FN(sum_squares_short)(const LN_S *x, size_t d, LN_T hi, LN_T lo)
+{
+    LN_T v[LN_LANES];
+    double t[LN_LANES];
+    LN_FN(load_part)(v, x, d);
+    for (size_t j = 0; j < LN_LANES; j++)
+        v[j] = j < d ? LN_FN(center)(v[j], hi, lo) : (LN_T)0;
+    for (size_t j = 0; j < LN_LANES; j++)
+        t[j] = 0.0 + (double)LN_FN(add_square)((LN_T)0, v[j]);
+    return ln_tree_sum(t);
+}
+
+/* The outputs of a short record: masked stores of the first d. */
+LN_ALWAYS_INLINE void LN_FN(apply_short)(const LN_S *x, LN_S *y, size_t d, LN_T hi,
+                                         LN_T r, LN_T c, const LN_P *restrict w,
+                                         const LN_P *restrict b)
+{
+    LN_T v[LN_LANES];
+    LN_FN(load_part)(v, x, d);
+    for (size_t j = 0; j < LN_LANES; j++)
+        v[j] = LN_FN(normalize)(v[j], hi, r, c);
+    if (w || b)
+        for (size_t j = 0; j < LN_LANES; j++)
+            if (j < d)
+                v[j] = LN_FN(affine)(v[j], w, b, j);
+#if defined(LN_STORE_PART)
+    LN_STORE_PART(y, v, d);
+#else
+    for (size_t j = 0; j < LN_LANES; j++)
+        if (j < d)
+            LN_STORE(y + j, v[j]);
+#endif
+}
+
+/* Sum of x[i] - shift. */
+static double LN_FN(sum_shifted)(const LN_S *x, size_t d, LN_T shift)
+{
+    if (d <= LN_LANES)
+        return LN_FN(sum_shifted_short)(x, d, shift);
+    double total[LN_LANES] = {0};
+    for (size_t i = 0; i < d;) {
+        size_t end = d - i > LN_BLOCK ? i + LN_BLOCK : d;
+        LN_T lane[LN_LANES] = {0};
+        for (; i + LN_LANES <= end; i += LN_LANES) {
+            LN_ROW_BEGIN(x + i);
+            for (size_t j = 0; j < LN_LANES; j++)
+                lane[j] += LN_ROW(x + i, j) - shift;
+        }
+        for (size_t j = 0; i + j < end; j++)
+            lane[j] += LN_LOAD(x + i + j) - shift;
+        i = end;
+        LN_FN(flush)(total, lane);
+    }
+    return ln_tree_sum(total);
+}
+
+/* Sum of squares of the centered values (x - hi) - lo. */
+static double LN_FN(sum_squares)(const LN_S *x, size_t d, LN_T hi, LN_T lo)
+{
+    if (d <= LN_LANES)
+        return LN_FN(sum_squares_short)(x, d, hi, lo);
+    double total[LN_LANES] = {0};
+    for (size_t i = 0; i < d;) {
+        size_t end = d - i > LN_BLOCK ? i + LN_BLOCK : d;
+        LN_T lane[LN_LANES] = {0};
+        for (; i + LN_LANES <= end; i += LN_LANES) {
+            LN_ROW_BEGIN(x + i);
+            for (size_t j = 0; j < LN_LANES; j++)
+                lane[j] = LN_FN(add_square)(lane[j], LN_FN(center)(LN_ROW(x + i, j), hi, lo));
+        }
+        for (size_t j = 0; i + j < end; j++)
+            lane[j] = LN_FN(add_square)(lane[j],
+                                        LN_FN(center)(LN_LOAD(x + i + j), hi, lo));
+        i = end;
+        LN_FN(flush)(total, lane);
+    }
+    return ln_tree_sum(total);
+}
+
+/* y[i] = affine(normalize(x[i])) for i in [i0, i1), element by element. */
+LN_ALWAYS_INLINE void LN_FN(apply_tail)(const LN_S *x, LN_S *y, size_t i0, size_t i1,
+                                     LN_T hi, LN_T r, LN_T c, const LN_P *restrict w,
+                                     const LN_P *restrict b)
+{
+    for (size_t i = i0; i < i1; i++)
+        LN_STORE(y + i, LN_FN(affine)(LN_FN(normalize)(LN_LOAD(x + i), hi, r, c), w, b, i));
+}
+
+/* The output of element j of the row at i. */
+#define LN_OUT(j) \
+    LN_FN(affine)(LN_FN(normalize)(LN_ROW(x + i, j), hi, r, c), w, b, i + (j))
+
+/* Whole rows from i0, then the tail. The rows are stored plainly, by the
+ * level's LN_STORE_ROW, or streamed (LN_STREAM_STORE). Instantiated once
+ * per gain/bias combination by apply, so that each vectorizes with no test
+ * per element. */
+LN_ALWAYS_INLINE void LN_FN(apply_rows)(const LN_S *x, LN_S *y, size_t i0, size_t d,
+                                     LN_T hi, LN_T r, LN_T c, const LN_P *restrict w,
+                                     const LN_P *restrict b, int stream)
+{
+    size_t i = i0;
+    for (; i + LN_LANES <= d; i += LN_LANES) {
+        LN_ROW_BEGIN(x + i);
+#if defined(LN_STREAM_STORE) || defined(LN_STORE_ROW)
+        LN_T v[LN_LANES];
+        for (size_t j = 0; j < LN_LANES; j++)
+            v[j] = LN_OUT(j);
+#if defined(LN_STREAM_STORE)
+        if (stream) {
+            LN_STREAM_STORE(y + i, v);
+            continue;
+        }
+#endif
+#if defined(LN_STORE_ROW)
+        LN_STORE_ROW(y + i, v);
+        continue;
+#endif
+#endif
+        for (size_t j = 0; j < LN_LANES; j++)
+            LN_STORE(y + i + j, LN_OUT(j));
+    }
+    LN_FN(apply_tail)(x, y, i, d, hi, r, c, w, b);
+}
+#undef LN_OUT
+
+/* Every gain/bias combination, each its own loop (w and b are constants
+ * after inlining). */
+LN_ALWAYS_INLINE void LN_FN(apply_params)(const LN_S *x, LN_S *y, size_t i0, size_t d,
+                                       LN_T hi, LN_T r, LN_T c, const LN_P *restrict w,
+                                       const LN_P *restrict b, int stream)
+{
+    if (w && b)
+        LN_FN(apply_rows)(x, y, i0, d, hi, r, c, w, b, stream);
+    else if (w)
+        LN_FN(apply_rows)(x, y, i0, d, hi, r, c, w, NULL, stream);
+    else if (b)
+        LN_FN(apply_rows)(x, y, i0, d, hi, r, c, NULL, b, stream);
+    else
+        LN_FN(apply_rows)(x, y, i0, d, hi, r, c, NULL, NULL, stream);
+}
+
+/* x and y are either the same row or disjoint (the batch layer makes sure
+ * of it): one copy for each, so that neither needs overlap checks. */
+static void LN_FN(apply_disjoint)(const LN_S *restrict x, LN_S *restrict y, size_t i0,
+                                  size_t d, LN_T hi, LN_T r, LN_T c, const LN_P *restrict w,
+                                  const LN_P *restrict b, int stream)
+{
+    if (stream)
+        LN_FN(apply_params)(x, y, i0, d, hi, r, c, w, b, 1);
+    else
+        LN_FN(apply_params)(x, y, i0, d, hi, r, c, w, b, 0);
+}
+
+static void LN_FN(apply_in_place)(LN_S *xy, size_t i0, size_t d, LN_T hi, LN_T r, LN_T c,
+                                  const LN_P *restrict w, const LN_P *restrict b, int stream)
+{
+    if (stream)
+        LN_FN(apply_params)(xy, xy, i0, d, hi, r, c, w, b, 1);
+    else
+        LN_FN(apply_params)(xy, xy, i0, d, hi, r, c, w, b, 0);
+}
+
+static void LN_FN(apply)(const LN_S *x, LN_S *y, size_t d, LN_T hi, LN_T r, LN_T c,
+                         const LN_P *restrict w, const LN_P *restrict b, int stream)
+{
+    if (d <= LN_LANES) {
+        LN_FN(apply_short)(x, y, d, hi, r, c, w, b);
+        return;
+    }
+    size_t head = 0;
+#if defined(LN_STREAM_STORE)
+    /* Streamed rows start at the first 64-byte aligned output. */
+    if (stream) {
+        head = ((64 - (uintptr_t)y % 64) % 64) / sizeof(LN_S);
+        if (head > d || (uintptr_t)y % sizeof(LN_S) != 0)
+            head = d;
+        LN_FN(apply_tail)(x, y, 0, head, hi, r, c, w, b);
+    }
+#else
+    stream = 0;
+#endif
+    if ((const void *)x == (const void *)y)
+        LN_FN(apply_in_place)(y, head, d, hi, r, c, w, b, stream);
+    else
+        LN_FN(apply_disjoint)(x, y, head, d, hi, r, c, w, b, stream);
+}

@@ -1,0 +1,147 @@
+/*
+ * ln_level.h - one instruction-set level: the template instances, the
+ * record kernels and the kernel table. Included once by each level's file,
+ * which defines first:
+ *   LN_PRIMS        "ln_ref.h" or "ln_lane.h"
+ *   LN_LEVEL_NAME   the level's name, LN_LEVEL_TABLE its table's name
+ *   LN_HALF_T       the C type float16 rows are read as (uint16_t, or
+ *                   _Float16 where the compiler converts it natively)
+ *   LN_H2F(h), LN_F2H(f)  float16 <-> float conversions of that type
+ *   LN_STREAM_BYTES(dst, src, n)  optional: n (a multiple of 64) bytes
+ *                   from src to the 64-byte aligned dst with non-temporal
+ *                   stores; LN_STORE_FENCE orders them
+ *   LN_LOAD_ROW_F16(v, p), LN_STORE_ROW_F16(p, v)  optional: LN_LANES
+ *                   float16 values converted a register at a time, and
+ *   LN_LOAD_PART_F16(v, p, n), LN_STORE_PART_F16(p, v, n) the first n of them
+ */
+#include "ln_tmpl.h"
+
+/* ---- instances: (storage, compute) pairs ---------------------------- */
+
+#if defined(LN_STREAM_BYTES)
+/* Streamed stores of a block of LN_LANES outputs: computed into a small
+ * buffer of the storage type, then written out non-temporally. */
+#define LN_STREAM_STORE(dst, v)                                                   \
+    do {                                                                          \
+        LN_S out_[LN_LANES];                                                      \
+        for (size_t j_ = 0; j_ < LN_LANES; j_++)                                  \
+            LN_STORE(out_ + j_, (v)[j_]);                                         \
+        LN_STREAM_BYTES((void *)(dst), out_, sizeof out_);                        \
+    } while (0)
+#endif
+
+/* float16 rows: float compute, double fallback. */
+#define LN_S LN_HALF_T
+#define LN_P float
+#define LN_T double
+#define LN_FN(f) f##_f16_wide
+#define LN_LOAD(p) ((double)LN_H2F(*(p)))
+#define LN_STORE(p, v) (*(p) = LN_F2H(ln_double_to_float_odd(v)))
+#include "ln_instance.h"
+#define LN_T float
+#define LN_FN(f) f##_f16
+#define LN_LOAD(p) LN_H2F(*(p))
+#define LN_STORE(p, v) (*(p) = LN_F2H(v))
+#if defined(LN_LOAD_ROW_F16)
+#define LN_LOAD_ROW LN_LOAD_ROW_F16
+#define LN_STORE_ROW LN_STORE_ROW_F16
+#define LN_LOAD_PART LN_LOAD_PART_F16
+#define LN_STORE_PART LN_STORE_PART_F16
+#endif
+#include "ln_instance.h"
+#undef LN_LOAD_ROW
+#undef LN_STORE_ROW
+#undef LN_LOAD_PART
+#undef LN_STORE_PART
+#define LN_CORE(f) f##_f16
+#define LN_WIDE(f) f##_f16_wide
+#define LN_OPS(f) f##_f16
+#include "ln_ops.h"
+#undef LN_CORE
+#undef LN_WIDE
+#undef LN_OPS
+#undef LN_S
+#undef LN_P
+
+/* bfloat16 rows: float compute, double fallback. */
+#define LN_S uint16_t
+#define LN_P float
+#define LN_T double
+#define LN_FN(f) f##_bf16_wide
+#define LN_LOAD(p) ((double)ln_bf16_to_float(*(p)))
+#define LN_STORE(p, v) (*(p) = ln_float_to_bf16(ln_double_to_float_odd(v)))
+#include "ln_instance.h"
+#define LN_T float
+#define LN_FN(f) f##_bf16
+#define LN_LOAD(p) ln_bf16_to_float(*(p))
+#define LN_STORE(p, v) (*(p) = ln_float_to_bf16(v))
+#include "ln_instance.h"
+#define LN_CORE(f) f##_bf16
+#define LN_WIDE(f) f##_bf16_wide
+#define LN_OPS(f) f##_bf16
+#include "ln_ops.h"
+#undef LN_CORE
+#undef LN_WIDE
+#undef LN_OPS
+#undef LN_S
+#undef LN_P
+
+/* float32 rows: float compute, double fallback. */
+#define LN_S float
+#define LN_P float
+#define LN_T double
+#define LN_FN(f) f##_f32_wide
+#define LN_LOAD(p) ((double)*(p))
+#define LN_STORE(p, v) (*(p) = (float)(v))
+#include "ln_instance.h"
+#define LN_T float
+#define LN_FN(f) f##_f32
+#define LN_LOAD(p) (*(p))
+#define LN_STORE(p, v) (*(p) = (v))
+#include "ln_instance.h"
+#define LN_CORE(f) f##_f32
+#define LN_WIDE(f) f##_f32_wide
+#define LN_OPS(f) f##_f32
+#include "ln_ops.h"
+#undef LN_CORE
+#undef LN_WIDE
+#undef LN_OPS
+#undef LN_S
+#undef LN_P
+
+/* float64 rows: double compute, scaled fallback. */
+#define LN_S double
+#define LN_P double
+#define LN_T double
+#define LN_FN(f) f##_f64
+#define LN_LOAD(p) (*(p))
+#define LN_STORE(p, v) (*(p) = (v))
+#include "ln_instance.h"
+#define LN_CORE(f) f##_f64
+#define LN_OPS(f) f##_f64
+#include "ln_ops.h"
+#undef LN_CORE
+#undef LN_OPS
+#undef LN_S
+#undef LN_P
+
+#ifndef LN_STORE_FENCE
+/* Nothing streamed, nothing to order. */
+static void ln_no_fence(void) {}
+#define LN_STORE_FENCE ln_no_fence
+#endif
+
+/* ---- the table -------------------------------------------------------- */
+
+const ln_kernels LN_LEVEL_TABLE = {
+    .name = LN_LEVEL_NAME,
+    .op = {
+        [LN_OP_LAYER_NORM] = {
+            [LN_F16] = layer_norm_f16,
+            [LN_BF16] = layer_norm_bf16,
+            [LN_F32] = layer_norm_f32,
+            [LN_F64] = layer_norm_f64,
+        },
+    },
+    .store_fence = LN_STORE_FENCE,
+};

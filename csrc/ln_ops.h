@@ -1,0 +1,180 @@
+/*
+ * ln_ops.h - the record kernels of one storage type: which instance
+ * computes a record (ln_contract.h, item 8) and the NaN records (item 9).
+ * Part of the kernel template (see ln_tmpl.h), included once per storage
+ * type with:
+ *   LN_S, LN_P     as for the instances
+ *   LN_CORE(f)     the instance in the record's compute type
+ *   LN_WIDE(f)     float-computed types only: the same formulas in double
+ *   LN_OPS(f)      names of this storage type's record kernels
+ * No include guard.
+ */
+
+#if defined(LN_WIDE)
+/* ---- computed in float, with the double instance as the fallback ---- */
+
+static void LN_OPS(ln_stats)(const LN_S *x, size_t d, ln_stats *st)
+{
+    LN_CORE(stats)(x, d, st);
+    if (!(st->var >= LN_F32_VAR_MIN && st->var <= LN_F32_VAR_MAX) ||
+        !isfinite(st->mean))
+        LN_WIDE(stats)(x, d, st);
+    ln_canonical_nans(st);
+}
+
+/* Can float lanes compute the output? Not when x - mean could overflow
+ * float (huge spread), when the centered values could be subnormal (tiny
+ * spread), or when 1/std exceeds the float range. */
+static int LN_OPS(fits_float)(double var, double rstd)
+{
+    return var >= LN_F32_VAR_MIN && var <= LN_F32_VAR_MAX && !(rstd > FLT_MAX);
+}
+
+static int LN_OPS(ln_output)(const LN_S *x, LN_S *y, size_t d, const LN_P *w,
+                             const LN_P *b, double eps, const ln_stats *st, int stream,
+                             ln_spare *spare)
+{
+    (void)spare;
+    double rstd = ln_inverse_std(st->var, eps);
+    if (LN_OPS(fits_float)(st->var, rstd))
+        LN_CORE(output)(x, y, d, st, rstd, w, b, stream);
+    else
+        LN_WIDE(output)(x, y, d, st, rstd, w, b, 0);
+    return LN_OK;
+}
+
+#else
+/* ---- computed in double, at an exact scale when squares leave the range ---- */
+
+/* Variances below this may have lost digits to underflowing squares. */
+#define LN_F64_VAR_MIN 0x1p-960
+
+/* A power of two that brings the record's largest magnitude into [0.5, 1)
+ * (unless that needs a scale beyond 2^+-1000, as for subnormal records):
+ * multiplying by it is exact, and no square of the scaled values can
+ * overflow, or underflow unless it is negligible. 1 for a record of zeros
+ * or with a non-finite value. */
+static double LN_OPS(record_scale)(const LN_S *x, size_t d)
+{
+    double m = 0.0;
+    int e;
+    for (size_t i = 0; i < d; i++)
+        m = fmax(m, fabs((double)x[i]));
+    if (!(m > 0.0 && m <= DBL_MAX))
+        return 1.0;
+    frexp(m, &e);
+    e = e > 1000 ? 1000 : (e < -1000 ? -1000 : e);
+    return ldexp(1.0, -e);
+}
+
+/* The record times s, in the spare row (NULL without memory). */
+static const LN_S *LN_OPS(scaled_row)(const LN_S *x, size_t d, double s,
+                                      ln_spare *spare)
+{
+    LN_S *row = ln_spare_row(spare, d * sizeof(LN_S));
+    if (row != NULL)
+        for (size_t i = 0; i < d; i++)
+            row[i] = x[i] * s;
+    return row;
+}
+
+/* Statistics; a record whose squares leave the double range (|x| above
+ * about 1e154, or tiny values) is measured at its scale. LN_ENOMEM if the
+ * spare row could not be had. */
+static int LN_OPS(ln_stats_scaled)(const LN_S *x, size_t d, ln_stats *st,
+                                   ln_spare *spare)
+{
+    LN_CORE(stats)(x, d, st);
+    if (isfinite(st->mean) && st->var >= LN_F64_VAR_MIN && st->var <= DBL_MAX)
+        return LN_OK;
+    double s = LN_OPS(record_scale)(x, d);
+    if (s != 1.0) {
+        const LN_S *xs = LN_OPS(scaled_row)(x, d, s, spare);
+        if (xs == NULL)
+            return LN_ENOMEM;
+        LN_CORE(stats)(xs, d, st);
+        st->mean /= s;
+        st->var = st->var / s / s; /* inf if the true variance is */
+    }
+    ln_canonical_nans(st);
+    return LN_OK;
+}
+
+static int LN_OPS(ln_output)(const LN_S *x, LN_S *y, size_t d, const LN_P *w,
+                             const LN_P *b, double eps, const ln_stats *st, int stream,
+                             ln_spare *spare)
+{
+    double rstd = ln_inverse_std(st->var, eps);
+    if (rstd != 0.0 && !(rstd > DBL_MAX)) {
+        LN_CORE(output)(x, y, d, st, rstd, w, b, stream);
+        return LN_OK;
+    }
+    /* 1/std left the double range: compute at the record's scale. */
+    double s = LN_OPS(record_scale)(x, d);
+    const LN_S *xs = LN_OPS(scaled_row)(x, d, s, spare);
+    if (xs == NULL)
+        return LN_ENOMEM;
+    ln_stats scaled;
+    LN_CORE(stats)(xs, d, &scaled);
+    LN_CORE(output)(xs, y, d, &scaled, ln_inverse_std(scaled.var, eps * s * s), w, b, 0);
+    return LN_OK;
+}
+
+#endif
+
+/* Short records are done in groups: first the statistics of the whole
+ * group, then its outputs. Each record's statistics are a chain of
+ * dependent operations (sum, divide, sum of squares, divide, square root,
+ * divide); with several independent chains side by side the CPU overlaps
+ * them. The group's rows stay in L1 between the two steps. */
+#ifndef LN_GROUP
+#define LN_GROUP 8
+#define LN_GROUP_MAX_ROW_BYTES 1024
+#endif
+
+/* The statistics of record k (0, or LN_ENOMEM). */
+static int LN_OPS(record_stats)(const ln_rows *r, size_t k)
+{
+    const LN_S *x = (const LN_S *)((const char *)r->x + (ptrdiff_t)k * r->x_row);
+#if defined(LN_WIDE)
+    LN_OPS(ln_stats)(x, r->d, &r->st[k]);
+    return LN_OK;
+#else
+    return LN_OPS(ln_stats_scaled)(x, r->d, &r->st[k], r->spare);
+#endif
+}
+
+/* The output of record k from its statistics: LN_OK, LN_EBADEPS or
+ * LN_ENOMEM. */
+static int LN_OPS(record_output)(const ln_rows *r, size_t k)
+{
+    const LN_S *x = (const LN_S *)((const char *)r->x + (ptrdiff_t)k * r->x_row);
+    LN_S *y = (LN_S *)((char *)r->y + (ptrdiff_t)k * r->y_row);
+    const ln_stats *st = &r->st[k];
+    double eps = r->eps[k];
+    if (ln_record_is_nan(st, eps)) {
+        LN_CORE(fill_nan)(y, r->d);
+        return ln_eps_is_valid(eps) ? LN_OK : LN_EBADEPS;
+    }
+    return LN_OPS(ln_output)(x, y, r->d, r->w, r->b, eps, st, r->stream, r->spare);
+}
+
+/* LayerNorm of r->n records. */
+static int LN_OPS(layer_norm)(const ln_rows *r)
+{
+    int status = LN_OK;
+    size_t group = r->d * sizeof(LN_S) <= LN_GROUP_MAX_ROW_BYTES ? LN_GROUP : 1;
+    for (size_t k0 = 0; k0 < r->n; k0 += group) {
+        size_t k1 = r->n - k0 < group ? r->n : k0 + group;
+        for (size_t k = k0; k < k1; k++)
+            if (LN_OPS(record_stats)(r, k) != LN_OK)
+                return LN_ENOMEM;
+        for (size_t k = k0; k < k1; k++) {
+            int rc = LN_OPS(record_output)(r, k);
+            if (rc == LN_ENOMEM)
+                return rc;
+            status = status > rc ? status : rc;
+        }
+    }
+    return status;
+}

@@ -1,0 +1,138 @@
+/*
+ * ln_stage.c - staging rows into and out of scratch (see ln_stage.h).
+ * Element reads and writes go through memcpy: operands may be misaligned.
+ */
+#include <string.h>
+
+#include "ln_half.h"
+#include "ln_stage.h"
+
+size_t ln_dtype_size(ln_dtype t)
+{
+    return t == LN_F64 ? 8 : (t == LN_F32 ? 4 : 2);
+}
+
+int ln_dtype_is_double(ln_dtype t)
+{
+    return t == LN_F64;
+}
+
+ln_dtype ln_compute_dtype(ln_dtype t)
+{
+    return t == LN_F64 ? LN_F64 : LN_F32;
+}
+
+static char *row_ptr(const ln_operand *op, size_t r)
+{
+    return op->ptr + (ptrdiff_t)r * op->row;
+}
+
+int ln_row_is_direct(const ln_operand *op, size_t r, ln_dtype want)
+{
+    size_t isz = ln_dtype_size(want);
+    return op->dtype == want && op->col == (ptrdiff_t)isz &&
+           (uintptr_t)row_ptr(op, r) % isz == 0;
+}
+
+int ln_rows_are_direct(const ln_operand *op, ln_dtype want)
+{
+    return ln_row_is_direct(op, 0, want) &&
+           op->row % (ptrdiff_t)ln_dtype_size(want) == 0;
+}
+
+/* One element as float or double, exactly (16-bit and float values are
+ * all representable in both). */
+static float elem_as_float(const char *p, ln_dtype t)
+{
+    uint16_t h;
+    float f;
+    switch (t) {
+    case LN_F16:
+        memcpy(&h, p, sizeof h);
+        return ln_half_to_float(h);
+    case LN_BF16:
+        memcpy(&h, p, sizeof h);
+        return ln_bf16_to_float(h);
+    default:
+        memcpy(&f, p, sizeof f);
+        return f;
+    }
+}
+
+static double elem_as_double(const char *p, ln_dtype t)
+{
+    double v;
+    if (t != LN_F64)
+        return (double)elem_as_float(p, t);
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+/* n items of `from` at src (stride col) into dst as `to` (never narrower:
+ * same type, or float/double from a narrower type). */
+static void convert(const char *src, ptrdiff_t col, ln_dtype from, void *dst,
+                    ln_dtype to, size_t n)
+{
+    size_t isz = ln_dtype_size(from);
+    if (from == to) {
+        char *out = dst;
+        if (col == (ptrdiff_t)isz)
+            memcpy(out, src, n * isz);
+        else
+            for (size_t i = 0; i < n; i++)
+                memcpy(out + i * isz, src + (ptrdiff_t)i * col, isz);
+    } else if (from == LN_F32 && to == LN_F64 && col == 4 && (uintptr_t)src % 4 == 0) {
+        /* The common mixed call (float32 x, float64 parameters): a plain
+         * loop the compiler vectorizes. */
+        const float *in = (const float *)src;
+        double *out = dst;
+        for (size_t i = 0; i < n; i++)
+            out[i] = (double)in[i];
+    } else if (to == LN_F64) {
+        double *out = dst;
+        for (size_t i = 0; i < n; i++)
+            out[i] = elem_as_double(src + (ptrdiff_t)i * col, from);
+    } else {
+        float *out = dst;
+        for (size_t i = 0; i < n; i++)
+            out[i] = elem_as_float(src + (ptrdiff_t)i * col, from);
+    }
+}
+
+const void *ln_stage_in(const ln_operand *op, size_t r, size_t d, ln_dtype want,
+                        void *buf)
+{
+    if (ln_row_is_direct(op, r, want))
+        return row_ptr(op, r);
+    convert(row_ptr(op, r), op->col, op->dtype, buf, want, d);
+    return buf;
+}
+
+void ln_stage_out(const void *buf, const ln_operand *op, size_t r, size_t d)
+{
+    size_t isz = ln_dtype_size(op->dtype);
+    char *dst = row_ptr(op, r);
+    const char *in = buf;
+    if (op->col == (ptrdiff_t)isz) {
+        memcpy(dst, in, d * isz);
+        return;
+    }
+    for (size_t i = 0; i < d; i++)
+        memcpy(dst + (ptrdiff_t)i * op->col, in + i * isz, isz);
+}
+
+double ln_read_scalar(const ln_operand *op, size_t r)
+{
+    return elem_as_double(row_ptr(op, r), op->dtype);
+}
+
+void ln_write_scalar(const ln_operand *op, size_t r, double v)
+{
+    char *p = row_ptr(op, r);
+    if (op->dtype == LN_F64) {
+        memcpy(p, &v, sizeof v);
+    } else {
+        float f = (float)v;
+        memcpy(p, &f, sizeof f);
+    }
+}

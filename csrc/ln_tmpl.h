@@ -1,0 +1,118 @@
+/*
+ * ln_tmpl.h - what the kernel template shares, and how it is put together.
+ *
+ * Every instruction-set level is one translation unit (ln_scalar.c,
+ * ln_portable.c, ln_avx2.c, ln_avx512.c) that sets its compiler target and
+ * includes ln_level.h. ln_level.h instantiates the template once per
+ * (storage type, compute type) pair:
+ *
+ *   ln_ref.h or ln_lane.h   the primitives (sums and the output pass), as
+ *                           plain reference loops or in lane form
+ *   ln_elem.h               the element formulas both of them use
+ *   ln_record.h             a record's statistics and output from them
+ *
+ * and then, once per storage type, ln_ops.h: the record kernels of the ops
+ * (fallback decisions, NaN records), which become the level's kernel table.
+ *
+ * Template parameters, defined by ln_level.h around each inclusion:
+ *   LN_S           C type of a stored row element
+ *   LN_T           compute type: float or double
+ *   LN_P           C type of weight/bias as kernels receive them
+ *   LN_LOAD(p)     the element at p as LN_T, exactly
+ *   LN_STORE(p, v) store LN_T v at p, rounded once to nearest even
+ *   LN_FN(name)    the instance's name for a function
+ *
+ * This header itself is an ordinary header: helpers for every instance.
+ */
+#ifndef LN_TMPL_H
+#define LN_TMPL_H
+
+#include <float.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "layernorm.h"
+#include "ln_half.h"
+
+/* Inlined whatever the compiler's size heuristics say: the loops that
+ * must be specialized for constant arguments (no gain, no bias, no
+ * streaming) and vectorized in place. */
+#if defined(__GNUC__) || defined(__clang__)
+#define LN_ALWAYS_INLINE static inline __attribute__((always_inline))
+#else
+#define LN_ALWAYS_INLINE static inline
+#endif
+
+/* One fused multiply-add in the compute type (fmaf or fma). */
+#define LN_FMA(a, b, c) _Generic((a), float: fmaf, default: fma)((a), (b), (c))
+
+/* Fully unrolled loops, so that the vector levels keep the lanes in
+ * registers (the loops' bounds are compile-time constants). */
+#if defined(__GNUC__) && !defined(__clang__)
+#define LN_UNROLL _Pragma("GCC unroll 32")
+#else
+#define LN_UNROLL
+#endif
+
+/* Combine the total lanes by the fixed pairwise tree (ln_contract.h, 3). */
+static inline double ln_tree_sum(double lanes[LN_LANES])
+{
+    LN_UNROLL
+    for (size_t h = LN_LANES / 2; h >= 1; h /= 2)
+        LN_UNROLL
+        for (size_t j = 0; j < h; j++)
+            lanes[j] += lanes[j + h];
+    return lanes[0];
+}
+
+static inline int ln_eps_is_valid(double eps)
+{
+    return eps >= 0.0 && eps <= DBL_MAX; /* false for NaN and inf */
+}
+
+/* 1 / sqrt(var + eps) in double, so float16/float32 records never see eps
+ * rounded to their precision; NaN for an invalid eps. */
+static inline double ln_inverse_std(double var, double eps)
+{
+    if (!ln_eps_is_valid(eps))
+        return NAN;
+    return 1.0 / sqrt(var + eps);
+}
+
+/* NaN statistics as the canonical quiet NaN, whatever payload the sums
+ * carried: payload propagation depends on operand order. */
+static inline void ln_canonical_nans(ln_stats *st)
+{
+    if (isnan(st->mean))
+        st->mean = NAN;
+    if (isnan(st->var))
+        st->var = NAN;
+}
+
+/* A record whose statistics are NaN (a NaN or infinities among its
+ * values), or whose eps is invalid, is all NaN. */
+static inline int ln_record_is_nan(const ln_stats *st, double eps)
+{
+    return isnan(st->mean) || isnan(st->var) || !ln_eps_is_valid(eps);
+}
+
+/* double -> float rounded to odd: exact values stay, others get their last
+ * bit set. Rounding that to a 16-bit type (8 or 11 significant bits, far
+ * fewer than float's 24) gives the double rounded once. */
+static inline float ln_double_to_float_odd(double v)
+{
+    float f = (float)v;
+    if ((double)f == v || isnan(v))
+        return f;
+    if (fabs((double)f) > fabs(v)) /* rounded away from zero: step back */
+        f = nextafterf(f, 0.0f);
+    return ln_bits_float(ln_float_bits(f) | 1u);
+}
+
+/* A spare row of `bytes` bytes (64-byte aligned) for the rare paths of a
+ * record kernel, allocated on first use per worker (ln_batch.c); NULL if
+ * memory cannot be had. */
+void *ln_spare_row(ln_spare *spare, size_t bytes);
+
+#endif /* LN_TMPL_H */
