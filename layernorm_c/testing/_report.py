@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import textwrap
 from dataclasses import dataclass, field
-from typing import Dict, Iterator, List, Sequence
+from typing import Any, Dict, Final, Iterator, List, Literal, Sequence, Tuple
 
-__all__ = ["CheckResult", "AuditReport", "PASS", "FAIL", "WARN", "SKIP"]
+__all__ = ["CheckResult", "AuditReport", "Status", "PASS", "FAIL", "WARN", "SKIP"]
 
-PASS = "pass"
-FAIL = "fail"
-WARN = "warn"
-SKIP = "skip"
-STATUSES = (PASS, FAIL, WARN, SKIP)
+#: A check's outcome.
+Status = Literal["pass", "fail", "warn", "skip"]
+PASS: Final = "pass"
+FAIL: Final = "fail"
+WARN: Final = "warn"
+SKIP: Final = "skip"
+STATUSES: Final[Tuple[Status, ...]] = (PASS, FAIL, WARN, SKIP)
 
 
 @dataclass(frozen=True)
@@ -36,12 +38,12 @@ class CheckResult:
     """
 
     name: str
-    status: str
+    status: Status
     figure: str
     diagnosis: str
-    values: Dict[str, object] = field(default_factory=dict, compare=False)
+    values: Dict[str, Any] = field(default_factory=dict, compare=False)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.status not in STATUSES:
             raise ValueError(f"status: expected one of {STATUSES}, got {self.status!r}")
 
@@ -67,7 +69,7 @@ class AuditReport:
         self.title = title
         self.results: List[CheckResult] = list(results)
 
-    def _with(self, status: str) -> List[CheckResult]:
+    def _with(self, status: Status) -> List[CheckResult]:
         return [r for r in self.results if r.status == status]
 
     @property
