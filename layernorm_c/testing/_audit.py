@@ -130,7 +130,7 @@ class LayerNormAudit:
         # One probe per check, so each check sees fresh random streams and a
         # check's outcome does not depend on which others ran.
         results = [run_check(n, self._probe()) for n in names]
-        return AuditReport(self.title, results)
+        return AuditReport(self.title, results, self)
 
     def _probe(self) -> Probe:
         return Probe(self.impl, self.dtype, self.eps, self.tolerance, self.seed,

@@ -6,7 +6,14 @@ from __future__ import annotations
 import html
 import textwrap
 from dataclasses import dataclass, field
-from typing import Any, Dict, Final, Iterator, List, Literal, Sequence, Tuple
+from typing import (TYPE_CHECKING, Any, Dict, Final, Iterator, List, Literal, Optional, Sequence,
+                    Tuple)
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes  # type: ignore[import-not-found, unused-ignore]
+    from matplotlib.figure import Figure  # type: ignore[import-not-found, unused-ignore]
+
+    from ._audit import LayerNormAudit
 
 __all__ = ["CheckResult", "AuditReport", "Status", "PASS", "FAIL", "WARN", "SKIP"]
 
@@ -70,11 +77,16 @@ class AuditReport:
     title : str
         What was audited and how (implementation, dtype, eps, d).
     results : list of CheckResult
+    audit : LayerNormAudit or None
+        The audit that made the report (the implementation and the options),
+        which :meth:`plot` measures again; None for a report built by hand.
     """
 
-    def __init__(self, title: str, results: Sequence[CheckResult]) -> None:
+    def __init__(self, title: str, results: Sequence[CheckResult],
+                 audit: Optional[LayerNormAudit] = None) -> None:
         self.title = title
         self.results: List[CheckResult] = list(results)
+        self.audit = audit
 
     def _with(self, status: Status) -> List[CheckResult]:
         return [r for r in self.results if r.status == status]
@@ -129,6 +141,47 @@ class AuditReport:
         """The table as a notebook shows it: title, one row per check with a
         status badge, the summary line."""
         return render_html(self.title, self.results, self.summary())
+
+    def plot(self, axes: Optional[Sequence[Axes]] = None) -> Figure:
+        """Plot the implementation's measured error against a common offset
+        and against d, beside ``layernorm_c.layer_norm`` and the float64
+        reference.
+
+        The implementation is called again (gain 1, bias 0, the audit's
+        dtype and eps) on records with a common offset of 1 to 1e4 (d = 64,
+        or the fixed d), and on records N(10, 1) with d = 4 to 4096. Each
+        line is the max error over 8 records in units of the audit's
+        tolerance (1 is the limit), against the *exact* LayerNorm of the same
+        inputs (40 significant digits, rounded to float64): the
+        ``reference_layer_norm`` line is what the checks' float64 yardstick
+        itself is off by. Errors below float64 resolution are drawn at it; a
+        non-finite output is a cross at the top of the panel.
+
+        Parameters
+        ----------
+        axes : pair of matplotlib Axes, optional
+            Where to draw the offset and the d panels. Default: a new
+            figure, not registered with pyplot (a notebook shows the
+            returned figure once; elsewhere call ``figure.savefig``).
+
+        Returns
+        -------
+        matplotlib.figure.Figure
+
+        Raises
+        ------
+        ImportError
+            matplotlib is not installed.
+        ValueError
+            The report was not made by :meth:`LayerNormAudit.run`, so there is
+            no implementation to measure.
+        """
+        if self.audit is None:
+            raise ValueError("plot: this report has no implementation to measure; plot a "
+                             "report from LayerNormAudit(...).run() or check_layer_norm()")
+        from ._plot import plot_report
+
+        return plot_report(self.audit, self.title, axes)
 
 
 def render_table(title: str, results: Sequence[CheckResult], footer: str,
