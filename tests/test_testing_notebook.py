@@ -1,6 +1,7 @@
 """layernorm_c.testing in a notebook: the HTML display of reports and
 results, and report.plot() (matplotlib, Agg backend)."""
 import decimal
+import pickle
 import sys
 from html.parser import HTMLParser
 
@@ -244,6 +245,14 @@ def test_plot_into_given_axes(plt):
 def test_plot_needs_an_implementation():
     with pytest.raises(ValueError, match="no implementation to measure"):
         AuditReport("by hand", [CheckResult("c", "pass", "", "")]).plot()
+
+
+def test_a_report_still_pickles_without_its_implementation():
+    report = LayerNormAudit(lambda x, w, b, eps: layernorm_c.layer_norm(x, w, b, eps)).run()
+    assert report.audit is not None
+    again = pickle.loads(pickle.dumps(report))  # the lambda itself would not pickle
+    assert str(again) == str(report) and again.results == report.results
+    assert again.audit is None
 
 
 def test_plot_without_matplotlib_says_how_to_install_it(monkeypatch):

@@ -79,7 +79,9 @@ class AuditReport:
     results : list of CheckResult
     audit : LayerNormAudit or None
         The audit that made the report (the implementation and the options),
-        which :meth:`plot` measures again; None for a report built by hand.
+        which :meth:`plot` measures again; None for a report built by hand,
+        and for an unpickled one (a report pickles without it, as an
+        implementation seldom pickles).
     """
 
     def __init__(self, title: str, results: Sequence[CheckResult],
@@ -87,6 +89,9 @@ class AuditReport:
         self.title = title
         self.results: List[CheckResult] = list(results)
         self.audit = audit
+
+    def __getstate__(self) -> Dict[str, Any]:
+        return {"title": self.title, "results": self.results, "audit": None}
 
     def _with(self, status: Status) -> List[CheckResult]:
         return [r for r in self.results if r.status == status]
