@@ -155,12 +155,14 @@ class AuditReport:
         The implementation is called again (gain 1, bias 0, the audit's
         dtype and eps) on records with a common offset of 1 to 1e4 (d = 64,
         or the fixed d), and on records N(10, 1) with d = 4 to 4096. Each
-        line is the max error over 8 records in units of the audit's
+        line is the max error over 16 records in units of the audit's
         tolerance (1 is the limit), against the *exact* LayerNorm of the same
         inputs (40 significant digits, rounded to float64): the
         ``reference_layer_norm`` line is what the checks' float64 yardstick
         itself is off by. Errors below float64 resolution are drawn at it; a
-        non-finite output is a cross at the top of the panel.
+        non-finite output is a cross at the top of the panel; where the
+        implementation raised, its line has a gap. Needs matplotlib 3.7 or
+        later.
 
         Parameters
         ----------
@@ -178,8 +180,9 @@ class AuditReport:
         ImportError
             matplotlib is not installed.
         ValueError
-            The report was not made by :meth:`LayerNormAudit.run`, so there is
-            no implementation to measure.
+            The report was not made by :meth:`LayerNormAudit.run` (or was
+            unpickled), so there is no implementation to measure; or
+            ``axes`` is not a pair.
         """
         if self.audit is None:
             raise ValueError("plot: this report has no implementation to measure; plot a "
