@@ -103,6 +103,19 @@ def test_check_layer_norm_warns_for_warnings():
     assert report.ok
 
 
+def test_check_layer_norm_takes_every_option_of_the_audit():
+    # check_layer_norm spells out LayerNormAudit's keywords (for type
+    # checkers and editors): the two lists must not drift apart.
+    import inspect
+
+    audit = inspect.signature(LayerNormAudit).parameters
+    check = inspect.signature(check_layer_norm).parameters
+    assert [n for n in check if n != "checks"] == list(audit)
+    for name, parameter in audit.items():
+        assert check[name].default == parameter.default, name
+        assert check[name].kind == parameter.kind, name
+
+
 def test_run_a_subset_of_checks_in_the_given_order():
     report = LayerNormAudit(layernorm_c.layer_norm).run(["state", "eps"])
     assert [r.name for r in report] == ["state", "eps"]

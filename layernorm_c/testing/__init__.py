@@ -11,6 +11,8 @@ other conventions. :data:`CHECKS` names every check; the pytest plugin
 (:mod:`layernorm_c.testing.plugin`) runs them as fixtures, and
 ``python -m layernorm_c audit module:function`` from the command line.
 """
+from typing import Iterable, List
+
 from ._adapters import DEFAULT_SIGNATURE, Implementation, adapt, from_jax, from_torch
 from ._audit import LayerNormAudit, LayerNormAuditWarning, check_layer_norm
 from ._checks import CHECKS, REGISTRY
@@ -42,7 +44,7 @@ def describe_checks() -> str:
     return "\n".join(f"{n:<{width}}  {REGISTRY[n].title}" for n in CHECKS)
 
 
-def layer_norm_checks(exclude=()) -> list:
+def layer_norm_checks(exclude: Iterable[str] = ()) -> List[str]:
     """Check names for ``pytest.mark.parametrize``, minus ``exclude``.
 
     Parameters
@@ -66,8 +68,8 @@ def layer_norm_checks(exclude=()) -> list:
     ... def test_mine(check):
     ...     check_layer_norm(my_fn, checks=[check])  # doctest: +SKIP
     """
-    exclude = set(exclude)
-    unknown = exclude - set(CHECKS)
+    excluded = set(exclude)
+    unknown = excluded - set(CHECKS)
     if unknown:
         raise ValueError(f"exclude: unknown checks {sorted(unknown)}; expected names from {CHECKS}")
-    return [n for n in CHECKS if n not in exclude]
+    return [n for n in CHECKS if n not in excluded]

@@ -9,18 +9,22 @@ check can adapt its inputs.
 from __future__ import annotations
 
 import copy
+import importlib
 import sys
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Callable, Dict, Final, List, Literal, Optional, Sequence, Tuple, Union
 
 import numpy as np
+import numpy.typing as npt
 
 __all__ = ["Implementation", "adapt", "from_torch", "from_jax", "DEFAULT_SIGNATURE",
-           "FRAMEWORKS", "OutputError"]
+           "FRAMEWORKS", "Framework", "LayerNormLike", "OutputError"]
 
 #: The default calling convention: ``fn(x, weight, bias, eps)``.
-DEFAULT_SIGNATURE = "x, weight, bias, eps"
-FRAMEWORKS = ("auto", "numpy", "torch", "jax")
+DEFAULT_SIGNATURE: Final = "x, weight, bias, eps"
+#: What an implementation takes and returns (``'auto'``: guess).
+Framework = Literal["auto", "numpy", "torch", "jax"]
+FRAMEWORKS: Final[Tuple[Framework, ...]] = ("auto", "numpy", "torch", "jax")
 _ARGUMENTS = ("x", "weight", "bias", "eps")
 
 
@@ -28,7 +32,7 @@ class OutputError(TypeError):
     """The implementation returned something that is not an array."""
 
 
-def _converted(y: Any, convert: Callable[[Any], np.ndarray]) -> np.ndarray:
+def _converted(y: Any, convert: Callable[[Any], npt.NDArray[Any]]) -> npt.NDArray[Any]:
     try:
         return convert(y)
     except Exception as exc:
@@ -64,7 +68,7 @@ class Implementation:
         ``'numpy'``, ``'torch'`` or ``'jax'``: what it is called with.
     """
 
-    call: Callable[..., np.ndarray]
+    call: Callable[..., npt.NDArray[Any]]
     name: str
     takes_weight: bool = True
     takes_bias: bool = True
@@ -75,9 +79,9 @@ class Implementation:
     framework: str = "numpy"
 
     def restricted(self, d: Optional[int] = None,
-                   leading_shape: Optional[Tuple[int, ...]] = None) -> "Implementation":
+                   leading_shape: Optional[Sequence[int]] = None) -> Implementation:
         """A copy that also declares a fixed ``d`` and/or leading shape."""
-        changes = {}
+        changes: Dict[str, Any] = {}
         if d is not None:
             if self.d is not None and self.d != d:
                 raise ValueError(f"d: {self.name} only supports d={self.d}, got d={d}")
@@ -87,13 +91,19 @@ class Implementation:
         return replace(self, **changes) if changes else self
 
 
+#: What the audit accepts: a LayerNorm callable (a function, a torch module,
+#: a jitted function...) or an :class:`Implementation` from :func:`adapt`.
+LayerNormLike = Union[Callable[..., Any], Implementation]
+
+
 def _parse_signature(signature: str) -> Tuple[Tuple[str, ...], Tuple[str, ...]]:
     """``"x, weight, *, eps"`` -> positional ``('x', 'weight')``, keyword
     ``('eps',)``."""
     if not isinstance(signature, str):
         raise TypeError(f"signature: expected a str such as {DEFAULT_SIGNATURE!r}, "
                         f"got {type(signature).__name__}")
-    positional, keyword = [], []
+    positional: List[str] = []
+    keyword: List[str] = []
     target = positional
     for token in (t.strip() for t in signature.split(",")):
         if token == "*":
@@ -111,16 +121,16 @@ def _parse_signature(signature: str) -> Tuple[Tuple[str, ...], Tuple[str, ...]]:
     return tuple(positional), tuple(keyword)
 
 
-def _numpy_out(y: Any) -> np.ndarray:
+def _numpy_out(y: Any) -> npt.NDArray[Any]:
     return np.asarray(y)
 
 
-def _torch_out(y: Any) -> np.ndarray:
+def _torch_out(y: Any) -> npt.NDArray[Any]:
     if hasattr(y, "detach"):
         y = y.detach().cpu()
         if str(y.dtype) == "torch.bfloat16":
             y = y.float()
-        return y.numpy()
+        return np.asarray(y.numpy())
     return np.asarray(y)
 
 
@@ -131,7 +141,7 @@ def _name_of(fn: Any) -> str:
     return f"{module}.{name}" if module and module not in ("__main__", "builtins") else name
 
 
-def _framework_of(fn: Any) -> str:
+def _framework_of(fn: Any) -> Literal["numpy", "torch", "jax"]:
     """Guess the framework of ``fn`` without importing any."""
     torch = sys.modules.get("torch")
     if torch is not None and (isinstance(fn, torch.nn.Module) or _is_torch_layer_norm(torch, fn)):
@@ -142,15 +152,15 @@ def _framework_of(fn: Any) -> str:
     return "numpy"
 
 
-def _is_torch_layer_norm(torch, fn: Any) -> bool:
+def _is_torch_layer_norm(torch: Any, fn: Any) -> bool:
     """Whether ``fn`` is ``F.layer_norm`` (or ``torch.layer_norm``), whose
     second argument is the normalized shape."""
     return fn is torch.nn.functional.layer_norm or fn is torch.layer_norm
 
 
-def adapt(fn: Any, signature: Optional[str] = None, framework: str = "auto", *,
+def adapt(fn: LayerNormLike, signature: Optional[str] = None, framework: Framework = "auto", *,
           name: Optional[str] = None, d: Optional[int] = None,
-          leading_shape: Optional[Tuple[int, ...]] = None) -> Implementation:
+          leading_shape: Optional[Sequence[int]] = None) -> Implementation:
     """Wrap a LayerNorm callable for the checks.
 
     Parameters
@@ -209,23 +219,30 @@ def adapt(fn: Any, signature: Optional[str] = None, framework: str = "auto", *,
     return impl.restricted(d, leading_shape)
 
 
-def _numpy_in(a: np.ndarray) -> np.ndarray:
+def _numpy_in(a: npt.NDArray[Any]) -> npt.NDArray[Any]:
     return a
 
 
-def _jax_converter() -> Callable[[np.ndarray], Any]:
-    import jax.numpy as jnp  # an ImportError here names the missing package
+# torch and jax are imported by name (an ImportError names the missing
+# package): they are optional, and their types stay out of type checking.
 
-    return jnp.asarray
+def _jax_converter() -> Callable[[npt.NDArray[Any]], Any]:
+    jnp = importlib.import_module("jax.numpy")
+    convert: Callable[[npt.NDArray[Any]], Any] = jnp.asarray
+    return convert
 
 
-def _adapt_function(fn, signature: str, convert_in, convert_out) -> Implementation:
+def _adapt_function(fn: Callable[..., Any], signature: str,
+                    convert_in: Callable[[npt.NDArray[Any]], Any],
+                    convert_out: Callable[[Any], npt.NDArray[Any]]) -> Implementation:
     positional, keyword = _parse_signature(signature)
     names = positional + keyword
 
-    def call(x, weight, bias, eps):
-        values = {"x": x, "weight": weight, "bias": bias}
-        values = {k: (None if v is None else convert_in(v)) for k, v in values.items()}
+    def call(x: npt.NDArray[Any], weight: Optional[npt.NDArray[Any]],
+             bias: Optional[npt.NDArray[Any]], eps: float) -> npt.NDArray[Any]:
+        arrays = {"x": x, "weight": weight, "bias": bias}
+        values: Dict[str, Any] = {k: (None if v is None else convert_in(v))
+                                  for k, v in arrays.items()}
         values["eps"] = eps
         args = [values[n] for n in positional]
         kwargs = {n: values[n] for n in keyword}
@@ -234,13 +251,13 @@ def _adapt_function(fn, signature: str, convert_in, convert_out) -> Implementati
     return Implementation(call, _name_of(fn), "weight" in names, "bias" in names, "eps" in names)
 
 
-def _adapt_torch(fn, signature: Optional[str]) -> Implementation:
-    import torch
+def _adapt_torch(fn: Callable[..., Any], signature: Optional[str]) -> Implementation:
+    torch = importlib.import_module("torch")
 
     if isinstance(fn, torch.nn.Module):
         return _adapt_torch_module(torch, fn)
     if _is_torch_layer_norm(torch, fn):
-        def layer_norm(x, weight, bias, eps):
+        def layer_norm(x: Any, weight: Any, bias: Any, eps: float) -> Any:
             return fn(x, x.shape[-1:], weight, bias, eps)
 
         impl = _adapt_function(layer_norm, DEFAULT_SIGNATURE, torch.from_numpy, _torch_out)
@@ -248,23 +265,24 @@ def _adapt_torch(fn, signature: Optional[str]) -> Implementation:
     return _adapt_function(fn, signature or DEFAULT_SIGNATURE, torch.from_numpy, _torch_out)
 
 
-def _adapt_torch_module(torch, module) -> Implementation:
+def _adapt_torch_module(torch: Any, module: Any) -> Implementation:
     """Audit a copy of ``module``: its ``weight`` and ``bias`` (if any) are
     overwritten with each check's parameters, its own eps is used."""
     module = copy.deepcopy(module)
-    weight = getattr(module, "weight", None)
-    bias = getattr(module, "bias", None)
+    weight: Any = getattr(module, "weight", None)
+    bias: Any = getattr(module, "bias", None)
     takes_weight = isinstance(weight, torch.Tensor)
     takes_bias = isinstance(bias, torch.Tensor)
-    normalized_shape = getattr(module, "normalized_shape", None)
+    normalized_shape: Any = getattr(module, "normalized_shape", None)
     if normalized_shape is not None and len(normalized_shape) != 1:
         raise ValueError(f"module: only LayerNorm over the last axis can be audited; "
                          f"{type(module).__name__} has normalized_shape {tuple(normalized_shape)}")
     d = (normalized_shape[0] if normalized_shape is not None
          else weight.shape[-1] if takes_weight else None)
-    eps = getattr(module, "eps", None)
+    eps: Any = getattr(module, "eps", None)
 
-    def call(x, w, b, _eps):
+    def call(x: npt.NDArray[Any], w: Optional[npt.NDArray[Any]], b: Optional[npt.NDArray[Any]],
+             _eps: float) -> npt.NDArray[Any]:
         tx = torch.from_numpy(x)
         with torch.no_grad():
             module.to(tx.dtype)
@@ -278,7 +296,9 @@ def _adapt_torch_module(torch, module) -> Implementation:
                           None if eps is None else float(eps), d)
 
 
-def from_torch(fn: Any, signature: Optional[str] = None, **options) -> Implementation:
+def from_torch(fn: Callable[..., Any], signature: Optional[str] = None, *,
+               name: Optional[str] = None, d: Optional[int] = None,
+               leading_shape: Optional[Sequence[int]] = None) -> Implementation:
     """Adapt a PyTorch LayerNorm: an ``nn.Module``, ``F.layer_norm``, or a
     function of tensors.
 
@@ -293,17 +313,19 @@ def from_torch(fn: Any, signature: Optional[str] = None, **options) -> Implement
         The implementation.
     signature : str, optional
         For a plain function: see :func:`adapt`.
-    **options
-        ``name``, ``d``, ``leading_shape``: see :func:`adapt`.
+    name, d, leading_shape : optional
+        See :func:`adapt`.
 
     Returns
     -------
     Implementation
     """
-    return adapt(fn, signature, "torch", **options)
+    return adapt(fn, signature, "torch", name=name, d=d, leading_shape=leading_shape)
 
 
-def from_jax(fn: Any, signature: Optional[str] = None, **options) -> Implementation:
+def from_jax(fn: Callable[..., Any], signature: Optional[str] = None, *,
+             name: Optional[str] = None, d: Optional[int] = None,
+             leading_shape: Optional[Sequence[int]] = None) -> Implementation:
     """Adapt a JAX LayerNorm: inputs are passed as ``jax.numpy`` arrays.
 
     JAX computes in float32 unless ``jax_enable_x64`` is set; a float64
@@ -315,11 +337,11 @@ def from_jax(fn: Any, signature: Optional[str] = None, **options) -> Implementat
         The implementation (jitted or not).
     signature : str, optional
         See :func:`adapt`.
-    **options
-        ``name``, ``d``, ``leading_shape``: see :func:`adapt`.
+    name, d, leading_shape : optional
+        See :func:`adapt`.
 
     Returns
     -------
     Implementation
     """
-    return adapt(fn, signature, "jax", **options)
+    return adapt(fn, signature, "jax", name=name, d=d, leading_shape=leading_shape)

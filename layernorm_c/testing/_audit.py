@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Any, Iterable, Optional, Tuple
+from typing import Any, Iterable, Optional, Sequence
 
 import numpy as np
+import numpy.typing as npt
 
-from ._adapters import adapt
+from ._adapters import Framework, LayerNormLike, adapt
 from ._checks import CHECKS, run_check
 from ._numerics import TOLERANCES, Tolerance
 from ._probe import Probe
@@ -67,13 +68,14 @@ class LayerNormAudit:
     True
     """
 
-    def __init__(self, fn: Any, *, signature: Optional[str] = None, framework: str = "auto",
-                 dtype: Any = "float32", eps: Optional[float] = None,
-                 d: Optional[int] = None, leading_shape: Optional[Tuple[int, ...]] = None,
-                 rtol: Optional[float] = None, atol: Optional[float] = None, seed: int = 0,
-                 strict_batch_invariance: bool = False, name: Optional[str] = None):
+    def __init__(self, fn: LayerNormLike, *, signature: Optional[str] = None,
+                 framework: Framework = "auto", dtype: npt.DTypeLike = "float32",
+                 eps: Optional[float] = None, d: Optional[int] = None,
+                 leading_shape: Optional[Sequence[int]] = None, rtol: Optional[float] = None,
+                 atol: Optional[float] = None, seed: int = 0,
+                 strict_batch_invariance: bool = False, name: Optional[str] = None) -> None:
         self.impl = adapt(fn, signature, framework, name=name, d=d, leading_shape=leading_shape)
-        self.dtype = np.dtype(dtype)
+        self.dtype: np.dtype[Any] = np.dtype(dtype)
         if self.dtype not in TOLERANCES:
             raise ValueError(f"dtype: expected float16, float32 or float64, got {self.dtype}")
         self.eps = self._resolve_eps(eps)
@@ -128,15 +130,20 @@ class LayerNormAudit:
         # One probe per check, so each check sees fresh random streams and a
         # check's outcome does not depend on which others ran.
         results = [run_check(n, self._probe()) for n in names]
-        return AuditReport(self.title, results)
+        return AuditReport(self.title, results, self)
 
     def _probe(self) -> Probe:
         return Probe(self.impl, self.dtype, self.eps, self.tolerance, self.seed,
                      self.strict_batch_invariance)
 
 
-def check_layer_norm(fn: Any, *, checks: Optional[Iterable[str]] = None,
-                     **options) -> AuditReport:
+def check_layer_norm(fn: LayerNormLike, *, checks: Optional[Iterable[str]] = None,
+                     signature: Optional[str] = None, framework: Framework = "auto",
+                     dtype: npt.DTypeLike = "float32", eps: Optional[float] = None,
+                     d: Optional[int] = None, leading_shape: Optional[Sequence[int]] = None,
+                     rtol: Optional[float] = None, atol: Optional[float] = None, seed: int = 0,
+                     strict_batch_invariance: bool = False,
+                     name: Optional[str] = None) -> AuditReport:
     """Audit ``fn`` and raise if any check fails.
 
     Parameters
@@ -145,11 +152,10 @@ def check_layer_norm(fn: Any, *, checks: Optional[Iterable[str]] = None,
         The LayerNorm under audit; see :class:`LayerNormAudit`.
     checks : iterable of str, optional
         Names from :data:`CHECKS`; default all.
-    **options
-        Any keyword of :class:`LayerNormAudit` (``signature``,
-        ``framework``, ``dtype``, ``eps``, ``d``, ``leading_shape``,
-        ``rtol``, ``atol``, ``seed``, ``strict_batch_invariance``,
-        ``name``).
+    signature, framework, dtype, eps, d, leading_shape : optional
+        As for :class:`LayerNormAudit`.
+    rtol, atol, seed, strict_batch_invariance, name : optional
+        As for :class:`LayerNormAudit`.
 
     Returns
     -------
@@ -170,7 +176,10 @@ def check_layer_norm(fn: Any, *, checks: Optional[Iterable[str]] = None,
     >>> check_layer_norm(layernorm_c.layer_norm, dtype="float64").ok
     True
     """
-    report = LayerNormAudit(fn, **options).run(checks)
+    report = LayerNormAudit(fn, signature=signature, framework=framework, dtype=dtype, eps=eps,
+                            d=d, leading_shape=leading_shape, rtol=rtol, atol=atol, seed=seed,
+                            strict_batch_invariance=strict_batch_invariance,
+                            name=name).run(checks)
     for result in report.warnings:
         warnings.warn(f"{report.title}: {result}", LayerNormAuditWarning, stacklevel=2)
     if not report.ok:

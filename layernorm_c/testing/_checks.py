@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ._numerics import EPS_MODES, TOLERANCES, fit, model_layer_norm, ulp_distance
-from ._probe import ImplementationError, Probe
+from ._numerics import EPS_MODES, TOLERANCES, Fit, fit, model_layer_norm, ulp_distance
+from ._probe import ImplementationError, Param, Probe
 from ._report import FAIL, PASS, SKIP, WARN, CheckResult
 
 __all__ = ["Check", "CHECKS", "REGISTRY", "run_check"]
@@ -33,9 +33,11 @@ class Check:
 
 REGISTRY: Dict[str, Check] = {}
 
+CheckFunction = Callable[[Probe], CheckResult]
 
-def _check(name: str, title: str):
-    def register(run: Callable[[Probe], CheckResult]):
+
+def _check(name: str, title: str) -> Callable[[CheckFunction], CheckFunction]:
+    def register(run: CheckFunction) -> CheckFunction:
         REGISTRY[name] = Check(name, title, run)
         return run
     return register
@@ -52,7 +54,7 @@ def run_check(name: str, probe: Probe) -> CheckResult:
 
 # -- small helpers ------------------------------------------------------------
 
-def _no_fit(what: str, result) -> str:
+def _no_fit(what: str, result: Fit[Any]) -> str:
     """Diagnosis when none of the candidate models fits."""
     return (f"the output matches no {what} (the closest is off by "
             f"{result.scores[result.best]:.3g} x tol); another failed check may name a "
@@ -70,7 +72,7 @@ def _identical(a: np.ndarray, b: np.ndarray) -> bool:
     return a.dtype == b.dtype and bool(ulp_distance(a, b).max() == 0)
 
 
-def _repeats(p: Probe, first: np.ndarray, x: np.ndarray, w, b) -> bool:
+def _repeats(p: Probe, first: np.ndarray, x: np.ndarray, w: Param, b: Param) -> bool:
     """Whether calling again on ``x`` still gives ``first``."""
     return _identical(first, p.call_raw(x, w, b))
 
@@ -124,7 +126,8 @@ def _scale_ratio(got: np.ndarray, want: np.ndarray) -> float:
 
 def _record_errors(p: Probe, got: np.ndarray, want: np.ndarray) -> np.ndarray:
     """Each record's worst error in tolerance units (shape ``got.shape[:-1]``)."""
-    return p.tol.units(got, want).max(axis=-1)
+    worst: np.ndarray = p.tol.units(got, want).max(axis=-1)
+    return worst
 
 
 # -- the checks ----------------------------------------------------------------
@@ -139,7 +142,8 @@ def check_contract(p: Probe) -> CheckResult:
     before = {k: v.copy() for k, v in inputs.items() if v is not None}
     y = p.call_raw(x, w, b, copy=False)
     figure = f"{x.dtype}{list(x.shape)} -> {y.dtype}{list(y.shape)}"
-    modified = [k for k, v in before.items() if not np.array_equal(v, inputs[k], equal_nan=True)]
+    modified = [k for k, v in before.items()
+                if not np.array_equal(v, np.asarray(inputs[k]), equal_nan=True)]
     if modified:
         return CheckResult("contract", FAIL, figure,
                            f"modifies its input {' and '.join(modified)} in place; a LayerNorm "
@@ -209,7 +213,7 @@ def check_reference(p: Probe) -> CheckResult:
     got = p.call(x, w, b)
     want = p.reference(x, w, b)
     units = p.tol.units(got, want)
-    worst = np.unravel_index(int(np.argmax(units)), units.shape)
+    worst = tuple(int(i) for i in np.unravel_index(int(np.argmax(units)), units.shape))
     figure = f"max error {_max_abs_error(got, want):.2g} ({units.max():.2g} x tol)"
     if units.max() > 1:
         return CheckResult("reference", FAIL, figure,
@@ -269,7 +273,7 @@ def check_invariants(p: Probe) -> CheckResult:
 
 
 def _convention_fit(p: Probe, xs: List[np.ndarray], outputs: List[np.ndarray],
-                    eps_values: List[float]):
+                    eps_values: List[float]) -> Fit[Tuple[int, str]]:
     """Fit outputs (gain 1, bias 0) against every (variance denominator, eps
     placement) convention."""
     models = {
@@ -383,7 +387,7 @@ AFFINE_MODELS = {
 }
 
 
-def _affine_predictions(p: Probe, x: np.ndarray, w, b) -> Dict[str, np.ndarray]:
+def _affine_predictions(p: Probe, x: np.ndarray, w: Param, b: Param) -> Dict[str, np.ndarray]:
     """What each gain/bias convention predicts for parameters ``w``, ``b``
     (None: not taken), built on the implementation's own normalization (its
     output at gain 1, bias 0), so a defect elsewhere does not blur the fit."""
@@ -562,7 +566,9 @@ def check_cancellation(p: Probe) -> CheckResult:
     z = _standard_rows(rng, 8, d)
     unit = float(np.finfo(p.dtype).eps) / 2
     identity = p.identity_params(d)
-    errors, excess, first = [], [], None
+    errors: List[float] = []
+    excess: List[float] = []
+    first: Optional[Tuple[np.ndarray, np.ndarray]] = None
     for offset in OFFSETS:
         # The spread stays several ulps of the offset wide, so the records
         # keep a variance in any dtype.
@@ -583,6 +589,7 @@ def check_cancellation(p: Probe) -> CheckResult:
         with np.errstate(all="ignore"):
             ratio = np.abs(got_shifted - got_centred) / allowed
         excess.append(float(np.nan_to_num(ratio, nan=np.inf).max()))
+    assert first is not None
     if not _identical(p.rows(first[0], *identity), first[1]):
         return _unrepeatable("cancellation")
     figure = "error " + " / ".join(f"{e:.1g}" for e in errors) + " at offsets 1e2/1e3/1e4"
@@ -734,7 +741,7 @@ def check_batch_invariance(p: Probe) -> CheckResult:
     records = p.cast(rng.standard_normal((4, d)) * 3 + 1)
     w, b = p.params(*_random_params(rng, d))
     if p.fixed_lead:
-        lead = p.impl.leading_shape
+        lead = p.fixed_leading_shape()
         n = math.prod(lead)
         spots = [tuple(int(i) for i in np.unravel_index(k, lead))
                  for k in sorted({0, n // 2, n - 1})]
@@ -743,9 +750,9 @@ def check_batch_invariance(p: Probe) -> CheckResult:
         layouts = [("alone", (1, 1), (0, 0)), ("in a batch of 100", (10, 10), (3, 7)),
                    ("in a batch of 15", (3, 5), (2, 4)), ("first of a batch of 7", (1, 7), (0, 0))]
     # outputs[i][j]: record j in layout i.
-    outputs = []
+    outputs: List[np.ndarray] = []
     for _, lead, at in layouts:
-        row = []
+        row: List[np.ndarray] = []
         for record in records:
             x = p.cast(rng.standard_normal(lead + (d,)))
             x[at] = record

@@ -12,7 +12,8 @@ import importlib.util
 import os
 import sys
 from pathlib import Path
-from typing import Any, List, Optional, Sequence
+from types import ModuleType
+from typing import Any, List, Optional, Sequence, Tuple
 
 from ._adapters import DEFAULT_SIGNATURE, FRAMEWORKS
 
@@ -63,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _shape(text: str) -> tuple:
+def _shape(text: str) -> Tuple[int, ...]:
     try:
         shape = tuple(int(n) for n in text.replace("x", ",").split(",") if n.strip())
     except ValueError:
@@ -121,10 +122,12 @@ def load_target(spec: str) -> Any:
     return obj
 
 
-def _import_file(path: Path):
+def _import_file(path: Path) -> ModuleType:
     if not path.is_file():
         raise ValueError(f"no such file: {str(path)!r}")
     spec = importlib.util.spec_from_file_location(path.stem, path)
+    if spec is None or spec.loader is None:
+        raise ValueError(f"cannot import {str(path)!r}")
     module = importlib.util.module_from_spec(spec)
     sys.modules[path.stem] = module
     spec.loader.exec_module(module)

@@ -3,9 +3,10 @@ float64 models of common LayerNorm defects an output is fitted against."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Optional
+from typing import Any, Dict, Generic, Hashable, Mapping, Optional, Sequence, TypeVar
 
 import numpy as np
+import numpy.typing as npt
 
 __all__ = ["Tolerance", "TOLERANCES", "ulp_distance", "model_layer_norm", "EPS_MODES",
            "fit", "Fit"]
@@ -18,18 +19,18 @@ class Tolerance:
     rtol: float
     atol: float
 
-    def units(self, got: np.ndarray, expected: np.ndarray) -> np.ndarray:
+    def units(self, got: npt.ArrayLike, expected: npt.ArrayLike) -> npt.NDArray[np.float64]:
         """The error in multiples of the allowed error (inf where ``got`` is
         not finite and ``expected`` is, 0 where both are the same non-finite
         value)."""
-        got = np.asarray(got, np.float64)
-        expected = np.asarray(expected, np.float64)
+        g = np.asarray(got, np.float64)
+        e = np.asarray(expected, np.float64)
         with np.errstate(all="ignore"):
-            err = np.abs(got - expected) / (self.atol + self.rtol * np.abs(expected))
-        same = (got == expected) | (np.isnan(got) & np.isnan(expected))
-        return np.where(same, 0.0, np.where(np.isnan(err), np.inf, err))
+            err = np.abs(g - e) / (self.atol + self.rtol * np.abs(e))
+        same = (g == e) | (np.isnan(g) & np.isnan(e))
+        return np.where(same, 0.0, np.where(np.isnan(err), np.inf, err)).astype(np.float64)
 
-    def worst(self, got: np.ndarray, expected: np.ndarray) -> float:
+    def worst(self, got: npt.ArrayLike, expected: npt.ArrayLike) -> float:
         """The largest error in tolerance units (1 is the limit)."""
         u = self.units(got, expected)
         return float(u.max()) if u.size else 0.0
@@ -41,14 +42,14 @@ class Tolerance:
 #: Default tolerances by output dtype, for outputs of order 1. float16 allows
 #: a few of its ulps; float32 allows what a float32 kernel with float32
 #: accumulation loses; float64 allows rounding, not a float32 detour.
-TOLERANCES: Dict[np.dtype, Tolerance] = {
+TOLERANCES: Dict[np.dtype[Any], Tolerance] = {
     np.dtype(np.float16): Tolerance(rtol=4e-3, atol=4e-3),
     np.dtype(np.float32): Tolerance(rtol=1e-5, atol=1e-5),
     np.dtype(np.float64): Tolerance(rtol=1e-12, atol=1e-12),
 }
 
 
-def ulp_distance(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+def ulp_distance(a: npt.ArrayLike, b: npt.ArrayLike) -> npt.NDArray[np.float64]:
     """How many representable numbers apart ``a`` and ``b`` are,
     elementwise (0 for bit-identical values, and for two NaNs).
 
@@ -61,7 +62,7 @@ def ulp_distance(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         a, b = a.astype(np.float64), b.astype(np.float64)
     bits = np.dtype(f"int{8 * a.dtype.itemsize}")
 
-    def ordered(v: np.ndarray) -> np.ndarray:
+    def ordered(v: npt.NDArray[Any]) -> npt.NDArray[np.int64]:
         # Sign-magnitude to a monotone integer line, in int64 (no overflow
         # for the widths used here; float64 magnitudes fit in 63 bits).
         i = v.view(bits).astype(np.int64)
@@ -71,15 +72,16 @@ def ulp_distance(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     dist = np.abs(ordered(a) - ordered(b)).astype(np.float64)
     nan_a, nan_b = np.isnan(a), np.isnan(b)
     dist = np.where(nan_a & nan_b, 0.0, dist)
-    return np.where(nan_a ^ nan_b, np.inf, dist)
+    return np.where(nan_a ^ nan_b, np.inf, dist).astype(np.float64)
 
 
 #: How eps enters the denominator, by name.
 EPS_MODES = ("variance", "std", "ignored", "twice")
 
 
-def model_layer_norm(x, weight=None, bias=None, eps: float = 1e-5, *, ddof: int = 0,
-                     eps_mode: str = "variance") -> np.ndarray:
+def model_layer_norm(x: npt.ArrayLike, weight: Optional[npt.ArrayLike] = None,
+                     bias: Optional[npt.ArrayLike] = None, eps: float = 1e-5, *, ddof: int = 0,
+                     eps_mode: str = "variance") -> npt.NDArray[np.float64]:
     """LayerNorm over the last axis in float64, with a chosen (possibly
     defective) convention for the variance and for eps.
 
@@ -101,9 +103,9 @@ def model_layer_norm(x, weight=None, bias=None, eps: float = 1e-5, *, ddof: int 
     -------
     ndarray of float64
     """
-    x = np.asarray(x, np.float64)
-    centered = x - x.mean(axis=-1, keepdims=True)
-    d = x.shape[-1]
+    x64 = np.asarray(x, np.float64)
+    centered = x64 - x64.mean(axis=-1, keepdims=True)
+    d = x64.shape[-1]
     with np.errstate(all="ignore"):
         var = (centered * centered).sum(axis=-1, keepdims=True) / (d - ddof)
         denominator = {
@@ -112,7 +114,7 @@ def model_layer_norm(x, weight=None, bias=None, eps: float = 1e-5, *, ddof: int 
             "ignored": lambda: np.sqrt(var),
             "twice": lambda: np.sqrt(var + 2 * eps),
         }[eps_mode]()
-        y = centered / denominator
+        y: npt.NDArray[np.float64] = centered / denominator
     if weight is not None:
         y = y * np.asarray(weight, np.float64)
     if bias is not None:
@@ -120,8 +122,12 @@ def model_layer_norm(x, weight=None, bias=None, eps: float = 1e-5, *, ddof: int 
     return y
 
 
+#: The key of a candidate model.
+K = TypeVar("K", bound=Hashable)
+
+
 @dataclass(frozen=True)
-class Fit:
+class Fit(Generic[K]):
     """Which candidate model explains an output best.
 
     Attributes
@@ -132,15 +138,16 @@ class Fit:
         Each model's worst error in tolerance units (<= 1 fits).
     """
 
-    best: str
-    scores: Dict[str, float]
+    best: K
+    scores: Dict[K, float]
 
-    def fits(self, key: Optional[str] = None) -> bool:
+    def fits(self, key: Optional[K] = None) -> bool:
         """Whether model ``key`` (default: the best) is within tolerance."""
         return self.scores[self.best if key is None else key] <= 1.0
 
 
-def fit(outputs, models: Dict[str, list], tol: Tolerance) -> Fit:
+def fit(outputs: Sequence[npt.NDArray[Any]],
+        models: Mapping[K, Sequence[npt.NDArray[Any]]], tol: Tolerance) -> Fit[K]:
     """Score every candidate model against the measured outputs.
 
     Parameters

@@ -10,15 +10,20 @@ from __future__ import annotations
 import math
 import warnings
 import zlib
-from typing import Optional, Tuple
+from typing import Any, Optional, Tuple
 
 import numpy as np
+import numpy.typing as npt
 
 from .._reference import reference_layer_norm
 from ._adapters import Implementation, OutputError
 from ._numerics import Tolerance
 
-__all__ = ["Probe", "ImplementationError"]
+__all__ = ["Probe", "ImplementationError", "Param", "Params"]
+
+#: A gain or bias as passed to the implementation: None when not taken.
+Param = Optional[npt.NDArray[Any]]
+Params = Tuple[Param, Param]
 
 
 class ImplementationError(Exception):
@@ -39,7 +44,7 @@ def _first_line(exc: Exception, limit: int = 200) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
-def _describe(a) -> str:
+def _describe(a: Param) -> str:
     return "None" if a is None else f"{a.dtype} {a.shape}"
 
 
@@ -63,10 +68,10 @@ class Probe:
         (default: a warning).
     """
 
-    def __init__(self, impl: Implementation, dtype: np.dtype, eps: float, tol: Tolerance,
+    def __init__(self, impl: Implementation, dtype: npt.DTypeLike, eps: float, tol: Tolerance,
                  seed: int = 0, strict_batch_invariance: bool = False):
         self.impl = impl
-        self.dtype = np.dtype(dtype)
+        self.dtype: np.dtype[Any] = np.dtype(dtype)
         self.eps = float(eps)
         self.tol = tol
         self.seed = seed
@@ -86,29 +91,38 @@ class Probe:
         fixed = self.impl.leading_shape
         return fixed if fixed is not None else tuple(preferred)
 
+    def fixed_leading_shape(self) -> Tuple[int, ...]:
+        """The implementation's fixed leading shape (only call when
+        :attr:`fixed_lead`)."""
+        fixed = self.impl.leading_shape
+        if fixed is None:
+            raise AssertionError("internal: no fixed leading shape")
+        return fixed
+
     @property
     def fixed_lead(self) -> bool:
         return self.impl.leading_shape is not None
 
     # -- inputs -----------------------------------------------------------
-    def cast(self, a, dtype=None) -> np.ndarray:
+    def cast(self, a: npt.ArrayLike, dtype: Optional[npt.DTypeLike] = None) -> npt.NDArray[Any]:
         """``a`` in the audit dtype (or ``dtype``), as a new C-contiguous array."""
         return np.array(a, dtype=self.dtype if dtype is None else dtype)
 
-    def params(self, weight=None, bias=None, dtype=None):
+    def params(self, weight: Optional[npt.ArrayLike] = None, bias: Optional[npt.ArrayLike] = None,
+               dtype: Optional[npt.DTypeLike] = None) -> Params:
         """``(weight, bias)`` cast, each None if the implementation does not
         take it."""
         w = self.cast(weight, dtype) if weight is not None and self.impl.takes_weight else None
         b = self.cast(bias, dtype) if bias is not None and self.impl.takes_bias else None
         return w, b
 
-    def identity_params(self, d: int, dtype=None):
+    def identity_params(self, d: int, dtype: Optional[npt.DTypeLike] = None) -> Params:
         """Gain 1 and bias 0, for the arguments the implementation takes."""
         return self.params(np.ones(d), np.zeros(d), dtype)
 
     # -- calls ------------------------------------------------------------
-    def call_raw(self, x: np.ndarray, weight=None, bias=None, eps: Optional[float] = None,
-                 *, copy: bool = True) -> np.ndarray:
+    def call_raw(self, x: npt.NDArray[Any], weight: Param = None, bias: Param = None,
+                 eps: Optional[float] = None, *, copy: bool = True) -> npt.NDArray[Any]:
         """The implementation's output as returned (its own dtype).
 
         Parameters
@@ -164,34 +178,37 @@ class Probe:
                     "declare it (d=..., leading_shape=...)")
         return ""
 
-    def call(self, x: np.ndarray, weight=None, bias=None,
-             eps: Optional[float] = None) -> np.ndarray:
+    def call(self, x: npt.NDArray[Any], weight: Param = None, bias: Param = None,
+             eps: Optional[float] = None) -> npt.NDArray[np.float64]:
         """The implementation's output in float64."""
         return self.call_raw(x, weight, bias, eps).astype(np.float64)
 
-    def rows(self, rows, weight=None, bias=None, eps: Optional[float] = None,
-             dtype=None) -> np.ndarray:
+    def rows(self, rows: npt.ArrayLike, weight: Param = None, bias: Param = None,
+             eps: Optional[float] = None,
+             dtype: Optional[npt.DTypeLike] = None) -> npt.NDArray[np.float64]:
         """Normalize a stack of records ``(n, d)``; returns float64 ``(n, d)``.
 
         Called as one ``(n, d)`` array, or, for an implementation with a
         fixed leading shape, in batches of that shape padded with filler
         records. ``rows`` is cast to ``dtype`` (default: the audit dtype).
         """
-        rows = self.cast(rows, dtype)
+        stack = self.cast(rows, dtype)
         if not self.fixed_lead:
-            return self.call(rows, weight, bias, eps)
-        lead = self.impl.leading_shape
+            return self.call(stack, weight, bias, eps)
+        lead = self.fixed_leading_shape()
         capacity = math.prod(lead)
-        filler = self.cast(self.rng("filler").standard_normal((capacity, rows.shape[1])),
-                           rows.dtype)
+        filler = self.cast(self.rng("filler").standard_normal((capacity, stack.shape[1])),
+                           stack.dtype)
         out = []
-        for start in range(0, len(rows), capacity):
-            chunk = rows[start:start + capacity]
-            batch = np.concatenate([chunk, filler[len(chunk):]]).reshape(lead + rows.shape[1:])
+        for start in range(0, len(stack), capacity):
+            chunk = stack[start:start + capacity]
+            batch = np.concatenate([chunk, filler[len(chunk):]]).reshape(lead + stack.shape[1:])
             out.append(self.call(batch, weight, bias, eps).reshape(capacity, -1)[:len(chunk)])
         return np.concatenate(out)
 
-    def reference(self, x, weight=None, bias=None, eps: Optional[float] = None) -> np.ndarray:
+    def reference(self, x: npt.ArrayLike, weight: Optional[npt.ArrayLike] = None,
+                  bias: Optional[npt.ArrayLike] = None,
+                  eps: Optional[float] = None) -> npt.NDArray[np.float64]:
         """:func:`layernorm_c.reference_layer_norm` (float64) of exactly
         these inputs."""
         eps = self.eps if eps is None else eps

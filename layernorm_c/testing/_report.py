@@ -1,18 +1,29 @@
 """The results of an audit: one :class:`CheckResult` per check, gathered in
-an :class:`AuditReport` that prints as an aligned table."""
+an :class:`AuditReport` that prints as an aligned table and displays as an
+HTML table in a notebook."""
 from __future__ import annotations
 
+import html
 import textwrap
 from dataclasses import dataclass, field
-from typing import Dict, Iterator, List, Sequence
+from typing import (TYPE_CHECKING, Any, Dict, Final, Iterator, List, Literal, Optional, Sequence,
+                    Tuple)
 
-__all__ = ["CheckResult", "AuditReport", "PASS", "FAIL", "WARN", "SKIP"]
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes  # type: ignore[import-not-found, unused-ignore]
+    from matplotlib.figure import Figure  # type: ignore[import-not-found, unused-ignore]
 
-PASS = "pass"
-FAIL = "fail"
-WARN = "warn"
-SKIP = "skip"
-STATUSES = (PASS, FAIL, WARN, SKIP)
+    from ._audit import LayerNormAudit
+
+__all__ = ["CheckResult", "AuditReport", "Status", "PASS", "FAIL", "WARN", "SKIP"]
+
+#: A check's outcome.
+Status = Literal["pass", "fail", "warn", "skip"]
+PASS: Final = "pass"
+FAIL: Final = "fail"
+WARN: Final = "warn"
+SKIP: Final = "skip"
+STATUSES: Final[Tuple[Status, ...]] = (PASS, FAIL, WARN, SKIP)
 
 
 @dataclass(frozen=True)
@@ -36,17 +47,22 @@ class CheckResult:
     """
 
     name: str
-    status: str
+    status: Status
     figure: str
     diagnosis: str
-    values: Dict[str, object] = field(default_factory=dict, compare=False)
+    values: Dict[str, Any] = field(default_factory=dict, compare=False)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.status not in STATUSES:
             raise ValueError(f"status: expected one of {STATUSES}, got {self.status!r}")
 
     def __str__(self) -> str:
         return f"{self.name}: {self.status} ({self.figure}): {self.diagnosis}"
+
+    def _repr_html_(self) -> str:
+        """The check as a notebook shows it: name, status badge, figure,
+        then the diagnosis."""
+        return render_result_html(self)
 
 
 class AuditReport:
@@ -54,20 +70,30 @@ class AuditReport:
 
     Iterating yields the :class:`CheckResult` objects in run order;
     ``report[name]`` looks one up by check name; ``str(report)`` renders a
-    table.
+    table, and a notebook displays the report as an HTML table.
 
     Attributes
     ----------
     title : str
         What was audited and how (implementation, dtype, eps, d).
     results : list of CheckResult
+    audit : LayerNormAudit or None
+        The audit that made the report (the implementation and the options),
+        which :meth:`plot` measures again; None for a report built by hand,
+        and for an unpickled one (a report pickles without it, as an
+        implementation seldom pickles).
     """
 
-    def __init__(self, title: str, results: Sequence[CheckResult]):
+    def __init__(self, title: str, results: Sequence[CheckResult],
+                 audit: Optional[LayerNormAudit] = None) -> None:
         self.title = title
         self.results: List[CheckResult] = list(results)
+        self.audit = audit
 
-    def _with(self, status: str) -> List[CheckResult]:
+    def __getstate__(self) -> Dict[str, Any]:
+        return {"title": self.title, "results": self.results, "audit": None}
+
+    def _with(self, status: Status) -> List[CheckResult]:
         return [r for r in self.results if r.status == status]
 
     @property
@@ -116,6 +142,55 @@ class AuditReport:
     def __repr__(self) -> str:
         return f"<AuditReport {self.title!r}: {self.summary()}>"
 
+    def _repr_html_(self) -> str:
+        """The table as a notebook shows it: title, one row per check with a
+        status badge, the summary line."""
+        return render_html(self.title, self.results, self.summary())
+
+    def plot(self, axes: Optional[Sequence[Axes]] = None) -> Figure:
+        """Plot the implementation's measured error against a common offset
+        and against d, beside ``layernorm_c.layer_norm`` and the float64
+        reference.
+
+        The implementation is called again (gain 1, bias 0, the audit's
+        dtype and eps) on records with a common offset of 1 to 1e4 (d = 64,
+        or the fixed d), and on records N(10, 1) with d = 4 to 4096. Each
+        line is the max error over 16 records in units of the audit's
+        tolerance (1 is the limit), against the *exact* LayerNorm of the same
+        inputs (40 significant digits, rounded to float64): the
+        ``reference_layer_norm`` line is what the checks' float64 yardstick
+        itself is off by. Errors below float64 resolution are drawn at it; a
+        non-finite output is a cross at the top of the panel; where the
+        implementation raised, its line has a gap. Needs matplotlib 3.7 or
+        later.
+
+        Parameters
+        ----------
+        axes : pair of matplotlib Axes, optional
+            Where to draw the offset and the d panels. Default: a new
+            figure, not registered with pyplot (a notebook shows the
+            returned figure once; elsewhere call ``figure.savefig``).
+
+        Returns
+        -------
+        matplotlib.figure.Figure
+
+        Raises
+        ------
+        ImportError
+            matplotlib is not installed.
+        ValueError
+            The report was not made by :meth:`LayerNormAudit.run` (or was
+            unpickled), so there is no implementation to measure; or
+            ``axes`` is not a pair.
+        """
+        if self.audit is None:
+            raise ValueError("plot: this report has no implementation to measure; plot a "
+                             "report from LayerNormAudit(...).run() or check_layer_norm()")
+        from ._plot import plot_report
+
+        return plot_report(self.audit, self.title, axes)
+
 
 def render_table(title: str, results: Sequence[CheckResult], footer: str,
                  width: int = 120) -> str:
@@ -140,3 +215,88 @@ def render_table(title: str, results: Sequence[CheckResult], footer: str,
         lines.extend(" " * indent + more for more in wrapped[1:])
     lines.append(footer)
     return "\n".join(lines)
+
+
+# -- HTML (notebooks) -----------------------------------------------------------
+# Self-contained: inline styles only, no CSS classes to rely on, no scripts.
+# Text inherits the notebook's colour (light or dark theme); a status is a
+# badge with its name written in white on a solid colour, readable on either
+# background and not told by colour alone. Every piece of text is escaped.
+
+#: Badge background per status (white text on each is above 4.5:1 contrast).
+STATUS_COLOURS: Final[Dict[Status, str]] = {
+    PASS: "#1a7f37",
+    FAIL: "#cf222e",
+    WARN: "#9a6700",
+    SKIP: "#6e7781",
+}
+#: A faint tint of the row for the statuses that need attention; translucent,
+#: so it works over a light or a dark background.
+_ROW_TINTS: Final[Dict[Status, str]] = {
+    FAIL: "rgba(207, 34, 46, 0.10)",
+    WARN: "rgba(154, 103, 0, 0.10)",
+}
+_RULE = "1px solid rgba(127, 127, 127, 0.35)"
+# Notebook front ends style tables (right-aligned cells, borders, a fixed
+# text colour); every cell says what it needs itself.
+_CELL = "text-align: left; vertical-align: top; padding: 0.3em 0.6em; border: none;"
+_BODY_CELL = f"{_CELL} border-top: {_RULE};"
+
+
+def _escape(text: object) -> str:
+    return html.escape(str(text), quote=True)
+
+
+def status_label(status: Status) -> str:
+    """How a status is written: failures in capitals, as in the text table."""
+    return status.upper() if status == FAIL else status
+
+
+def status_badge(status: Status) -> str:
+    """A status as an HTML badge: its name in white on its colour."""
+    return (f'<span data-status="{_escape(status)}" style="display: inline-block; '
+            f"background: {STATUS_COLOURS[status]}; color: #ffffff; font-weight: 600; "
+            "font-size: 0.85em; line-height: 1.4; padding: 0 0.5em; border-radius: 0.6em; "
+            f'white-space: nowrap;">{_escape(status_label(status))}</span>')
+
+
+def _row_html(r: CheckResult) -> str:
+    tint = _ROW_TINTS.get(r.status)
+    row_style = f' style="background: {tint};"' if tint else ""
+    return (f'<tr data-status="{_escape(r.status)}"{row_style}>'
+            f'<td style="{_BODY_CELL} white-space: nowrap;"><code>{_escape(r.name)}</code></td>'
+            f'<td style="{_BODY_CELL} white-space: nowrap;">{status_badge(r.status)}</td>'
+            f'<td style="{_BODY_CELL} white-space: normal; min-width: 8em;">'
+            f"{_escape(r.figure)}</td>"
+            f'<td style="{_BODY_CELL} white-space: normal; overflow-wrap: anywhere; '
+            f'min-width: 16em;">{_escape(r.diagnosis)}</td></tr>')
+
+
+def render_html(title: str, results: Sequence[CheckResult], footer: str) -> str:
+    """The report as an HTML table: title, a header row, a row per check
+    (check, status badge, figure, diagnosis; the diagnosis wraps), footer."""
+    head = "".join(f'<th style="{_CELL} font-weight: 600;">{h}</th>'
+                   for h in ("check", "status", "figure", "diagnosis"))
+    rows = "".join(_row_html(r) for r in results)
+    return ('<div class="layernorm-c-audit" style="color: inherit; max-width: 100%; '
+            'overflow-x: auto;">'
+            f'<div style="font-weight: 600; margin: 0 0 0.4em 0;">{_escape(title)}</div>'
+            '<table style="width: 100%; table-layout: auto; border-collapse: collapse; '
+            'margin: 0; color: inherit; font-size: inherit;">'
+            f"<thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>"
+            f'<div style="margin: 0.4em 0 0 0; border-top: {_RULE}; padding-top: 0.3em;">'
+            f"{_escape(footer)}</div></div>")
+
+
+def render_result_html(r: CheckResult) -> str:
+    """One check in HTML: name, status badge and figure on a line, then the
+    diagnosis, wrapped."""
+    tint = _ROW_TINTS.get(r.status)
+    background = f" background: {tint};" if tint else ""
+    return (f'<div class="layernorm-c-check" data-status="{_escape(r.status)}" '
+            f'style="color: inherit; max-width: 100%; padding: 0.4em 0.6em; '
+            f'border-left: 4px solid {STATUS_COLOURS[r.status]};{background}">'
+            f'<div><code>{_escape(r.name)}</code> {status_badge(r.status)} '
+            f'<span style="margin-left: 0.4em;">{_escape(r.figure)}</span></div>'
+            f'<div style="margin-top: 0.3em; white-space: normal; overflow-wrap: anywhere;">'
+            f"{_escape(r.diagnosis)}</div></div>")

@@ -23,15 +23,21 @@ Two fixtures:
 ...). Imports of layernorm_c are deferred until a fixture is used, so the
 plugin costs nothing in test suites that do not use it.
 """
+from __future__ import annotations
+
 import warnings
+from typing import TYPE_CHECKING, Any, Callable, List, Optional
 
 import pytest
+
+if TYPE_CHECKING:
+    from layernorm_c.testing import AuditReport, CheckResult
 
 FIXTURE = "layer_norm_check"
 MARKER = "layer_norm_checks"
 
 
-def pytest_configure(config):
+def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
         f"{MARKER}(*names, exclude=()): the LayerNorm checks the {FIXTURE} fixture "
@@ -39,7 +45,7 @@ def pytest_configure(config):
     )
 
 
-def _selected_checks(marker) -> list:
+def _selected_checks(marker: Optional[pytest.Mark]) -> List[str]:
     from layernorm_c.testing import CHECKS
 
     if marker is None:
@@ -54,7 +60,7 @@ def _selected_checks(marker) -> list:
     return [n for n in chosen if n not in exclude]
 
 
-def _parametrized_by_user(metafunc) -> bool:
+def _parametrized_by_user(metafunc: pytest.Metafunc) -> bool:
     for mark in metafunc.definition.iter_markers("parametrize"):
         names = mark.args[0] if mark.args else mark.kwargs.get("argnames", "")
         if isinstance(names, str):
@@ -64,7 +70,7 @@ def _parametrized_by_user(metafunc) -> bool:
     return False
 
 
-def pytest_generate_tests(metafunc):
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """One item per check for every test that requests ``layer_norm_check``."""
     if FIXTURE in metafunc.fixturenames and not _parametrized_by_user(metafunc):
         names = _selected_checks(metafunc.definition.get_closest_marker(MARKER))
@@ -72,12 +78,12 @@ def pytest_generate_tests(metafunc):
 
 
 @pytest.fixture
-def layer_norm_audit():
+def layer_norm_audit() -> Callable[..., AuditReport]:
     """``audit(fn, **options)``: run every check on ``fn``; fail the test
     with the diagnosis if any check fails, else return the report."""
     from layernorm_c.testing import check_layer_norm
 
-    def audit(fn, **options):
+    def audit(fn: Any, **options: Any) -> AuditReport:
         __tracebackhide__ = True
         try:
             return check_layer_norm(fn, **options)
@@ -88,7 +94,7 @@ def layer_norm_audit():
 
 
 @pytest.fixture
-def layer_norm_check(request):
+def layer_norm_check(request: pytest.FixtureRequest) -> Callable[..., CheckResult]:
     """``check(fn, **options)``: run this item's check (the fixture is
     parametrized over the checks) on ``fn``; fail, skip or warn with its
     diagnosis, return the :class:`~layernorm_c.testing.CheckResult`."""
@@ -99,7 +105,7 @@ def layer_norm_check(request):
         raise pytest.UsageError(f"the {FIXTURE} fixture is parametrized over the checks by the "
                                 "layernorm_c plugin; parametrize it indirectly with check names")
 
-    def check(fn, **options):
+    def check(fn: Any, **options: Any) -> CheckResult:
         __tracebackhide__ = True
         audit = LayerNormAudit(fn, **options)
         result = audit.run([name]).results[0]
@@ -112,5 +118,5 @@ def layer_norm_check(request):
             warnings.warn(message, LayerNormAuditWarning, stacklevel=2)
         return result
 
-    check.name = name
+    check.name = name  # type: ignore[attr-defined]
     return check
