@@ -6,8 +6,8 @@ Build from the repository root, warnings as errors:
 
 The API pages are generated from the package's numpydoc docstrings, so
 layernorm_c must be importable with its compiled C core: either installed
-(``pip install -e .``) or built in place (``python setup.py build_ext
---inplace``). The examples in these pages are checked with
+(``pip install -e .`` or a regular install) or built in place (``python
+setup.py build_ext --inplace``). The examples in these pages are checked with
 ``python -m sphinx -b doctest docs docs/_build/doctest``.
 """
 import importlib.util
@@ -16,12 +16,36 @@ import sys
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 
-# Prefer an installed layernorm_c; fall back to the source tree (which has
-# the compiled _core after `setup.py build_ext --inplace` or `pip install -e`).
-if importlib.util.find_spec("layernorm_c") is None:
-    sys.path.insert(0, ROOT)
 
-import layernorm_c  # noqa: E402  (fail early and clearly if not built)
+def _is_root(entry: str) -> bool:
+    return os.path.abspath(entry or os.curdir) == ROOT
+
+
+def _import_layernorm_c():
+    """Import the installed layernorm_c, never a source folder shadowing it.
+
+    ``python -m sphinx`` run from the repository root puts the root first on
+    sys.path, and there the source folder ``layernorm_c/`` (no compiled
+    ``_core`` after a regular, non-editable install) would shadow the
+    installed package. So look for layernorm_c with the root left out; only
+    when nothing else provides it, use the source tree (built in place with
+    ``python setup.py build_ext --inplace``).
+    """
+    kept = [p for p in sys.path if not _is_root(p)]
+    saved, sys.path[:] = sys.path[:], kept
+    if importlib.util.find_spec("layernorm_c") is None:
+        sys.path[:] = [ROOT] + kept
+    try:
+        import layernorm_c
+    except ImportError as exc:
+        sys.path[:] = saved
+        raise ImportError(
+            "the docs need layernorm_c with its compiled C core: "
+            "pip install -e . (or python setup.py build_ext --inplace)") from exc
+    return layernorm_c
+
+
+layernorm_c = _import_layernorm_c()
 
 # -- Project information -----------------------------------------------------
 project = "layernorm_c"
