@@ -2,38 +2,24 @@
 commands and example are the real ones."""
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
+from html.parser import HTMLParser
 from pathlib import Path
 
-import pytest
+from docs_support import DOCS, ROOT, built_pages, sphinx_build
 
-ROOT = Path(__file__).resolve().parents[1]
-DOCS = ROOT / "docs"
 README = ROOT / "README.md"
 
 MAIN_COMMAND = "pip install -e . && python -m layernorm_c"
 TEST_COMMAND = 'pip install -e ".[test]" && python -m pytest'
 
 
-def _sphinx(builder: str, out: Path) -> subprocess.CompletedProcess:
-    """Run Sphinx in a fresh interpreter, warnings as errors."""
-    pytest.importorskip("sphinx")
-    pytest.importorskip("numpydoc")
-    return subprocess.run(
-        [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q",
-         "-b", builder, str(DOCS), str(out)],
-        cwd=str(out.parent),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-
-
 def test_docs_build_without_warnings(tmp_path):
     out = tmp_path / "html"
-    proc = _sphinx("html", out)
+    proc = sphinx_build("html", out)
     assert proc.returncode == 0, (
         f"sphinx html build failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
     )
@@ -44,13 +30,64 @@ def test_docs_build_without_warnings(tmp_path):
                  "reference_layer_norm", "set_num_threads",
                  "Added to the variance inside the square root"):
         assert text in api, f"{text!r} missing from the built api.html"
+    _assert_everything_is_local(out)
+
+
+class _Assets(HTMLParser):
+    """The scripts, stylesheets, images and frames a page loads."""
+
+    def __init__(self):
+        super().__init__()
+        self.urls: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if tag in ("script", "img", "iframe", "source") and attrs.get("src"):
+            self.urls.append(attrs["src"])
+        elif tag == "link" and attrs.get("href") and (
+                {"stylesheet", "preload", "icon", "modulepreload"}
+                & set((attrs.get("rel") or "").split())):
+            self.urls.append(attrs["href"])
+
+
+def _assert_everything_is_local(out: Path) -> None:
+    """No page loads anything from the network (a CDN MathJax shows raw TeX
+    offline), and the local MathJax the math pages load is in the build."""
+    math_pages = 0
+    for page in built_pages(out):
+        parser = _Assets()
+        parser.feed(page.read_text(encoding="utf-8"))
+        remote = [u for u in parser.urls if re.match(r"([a-z][a-z0-9+.-]*:)?//", u, re.I)]
+        assert not remote, f"{page.name} loads from the network: {remote}"
+        mathjax = [u for u in parser.urls if "mathjax" in u.lower()]
+        for url in mathjax:
+            assert (page.parent / url.split("?")[0]).is_file(), (page.name, url)
+        math_pages += bool(mathjax)
+    assert math_pages >= 2, "the math pages load no MathJax"
+
+
+def test_docs_conf_imports_the_installed_package(tmp_path):
+    """conf.py run from the repository root, where the source folder comes
+    first on sys.path (it has no compiled _core after a regular install),
+    still imports the layernorm_c a neutral folder sees, core included."""
+    where = "import os, layernorm_c, layernorm_c._core; print(os.path.dirname(layernorm_c.__file__))"
+    neutral = subprocess.run([sys.executable, "-c", where], cwd=str(tmp_path),
+                             capture_output=True, text=True, timeout=120)
+    assert neutral.returncode == 0, neutral.stderr
+    from_root = subprocess.run(
+        [sys.executable, "-c",
+         f"import runpy; runpy.run_path({str(DOCS / 'conf.py')!r}); {where}"],
+        cwd=str(ROOT), capture_output=True, text=True, timeout=120)
+    assert from_root.returncode == 0, from_root.stderr
+    assert os.path.samefile(from_root.stdout.strip(), neutral.stdout.strip()), (
+        from_root.stdout, neutral.stdout)
 
 
 def test_docs_examples_are_true(tmp_path):
     """Every >>> example in the docs (and in the docstrings autodoc pulls in)
     gives the output shown."""
     out = tmp_path / "doctest"
-    proc = _sphinx("doctest", out)
+    proc = sphinx_build("doctest", out)
     report = out / "output.txt"
     detail = report.read_text(encoding="utf-8") if report.exists() else ""
     assert proc.returncode == 0, (
