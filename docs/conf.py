@@ -10,11 +10,19 @@ layernorm_c must be importable with its compiled C core: either installed
 --inplace``). The examples in these pages are checked with
 ``python -m sphinx -b doctest docs docs/_build/doctest``.
 """
+import importlib.machinery
 import importlib.util
 import os
 import sys
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+
+# `python -m sphinx` puts the working directory first on sys.path: from the
+# repository root, a source tree without an in-place build (no compiled
+# _core) would shadow the installed package, so take the tree off sys.path.
+if not any(os.path.exists(os.path.join(ROOT, "layernorm_c", "_core" + suffix))
+           for suffix in importlib.machinery.EXTENSION_SUFFIXES):
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != ROOT]
 
 # Prefer an installed layernorm_c; fall back to the source tree (which has
 # the compiled _core after `setup.py build_ext --inplace` or `pip install -e`).

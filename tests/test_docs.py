@@ -2,12 +2,14 @@
 commands and example are the real ones."""
 from __future__ import annotations
 
+import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from subprocess_support import PACKAGE_DIR, run_python
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -21,14 +23,22 @@ def _sphinx(builder: str, out: Path) -> subprocess.CompletedProcess:
     """Run Sphinx in a fresh interpreter, warnings as errors."""
     pytest.importorskip("sphinx")
     pytest.importorskip("numpydoc")
-    return subprocess.run(
-        [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q",
-         "-b", builder, str(DOCS), str(out)],
-        cwd=str(out.parent),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    return run_python(["-m", "sphinx", "-W", "--keep-going", "-q", "-b", builder, DOCS, out],
+                      cwd=out.parent, timeout=600)
+
+
+def test_docs_conf_imports_the_package_under_test_from_the_repository_root():
+    """The README's docs command runs ``python -m sphinx`` from the repository
+    root, which puts the root first on sys.path; conf.py must still import
+    the layernorm_c the tests use (the installed one when the tree has no
+    in-place build), not the source folder without its compiled _core."""
+    code = ("import os, runpy, sys; sys.path.insert(0, os.getcwd());"  # as python -m does
+            "runpy.run_path(os.path.join('docs', 'conf.py'));"
+            "import layernorm_c._core; print(layernorm_c.__file__)")
+    proc = run_python(["-c", code], cwd=ROOT, safe_path=False, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    where = proc.stdout.splitlines()[-1]
+    assert os.path.samefile(where, PACKAGE_DIR / "__init__.py"), (where, PACKAGE_DIR)
 
 
 def test_docs_build_without_warnings(tmp_path):
