@@ -1,5 +1,6 @@
 """The command line ``python -m layernorm_c audit module:function``, through
 ``layernorm_c.testing._cli.main`` and end to end in a subprocess."""
+import sys
 import textwrap
 
 import pytest
@@ -7,6 +8,14 @@ import pytest
 from layernorm_c.testing import CHECKS
 from layernorm_c.testing._cli import main
 from subprocess_support import run_python
+
+
+@pytest.fixture(autouse=True)
+def _restore_sys_path(monkeypatch):
+    """main() puts the working directory on sys.path, as ``python -m`` would,
+    to import the target: keep that from leaking into later tests (from a
+    source tree it would bring the tree's layernorm_c.egg-info back)."""
+    monkeypatch.setattr(sys, "path", list(sys.path))
 
 
 def test_correct_implementation_exits_0_and_prints_the_table(capsys):
