@@ -1,6 +1,7 @@
 """The pytest plugin, run inside pytest with the pytester fixture; loading it
 imports neither NumPy nor the C core (checked in fresh interpreters)."""
 import json
+import os
 import textwrap
 
 import pytest
@@ -223,6 +224,11 @@ def test_nothing_imported_yet():
 """
 
 
+# The child sessions load plugins as a plain pytest run of the environment.
+_SESSION_ENV = {k: v for k, v in os.environ.items()
+                if k not in ("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "PYTEST_ADDOPTS", "PYTEST_PLUGINS")}
+
+
 def test_loading_the_plugin_imports_neither_numpy_nor_the_core(tmp_path):
     """The entry point is loaded by every pytest run of the environment: it
     must not import NumPy or layernorm_c (whose __init__ imports both and the
@@ -234,7 +240,7 @@ def test_loading_the_plugin_imports_neither_numpy_nor_the_core(tmp_path):
     assert json.loads(proc.stdout.splitlines()[-1]) == []
 
     (tmp_path / "test_plain.py").write_text(_PLAIN_TESTS)
-    proc = run_python(["-c", _SESSION + _LOADED], cwd=tmp_path, timeout=120)
+    proc = run_python(["-c", _SESSION + _LOADED], cwd=tmp_path, env=_SESSION_ENV, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "2 passed" in proc.stdout
     assert json.loads(proc.stdout.splitlines()[-1]) == []
@@ -249,7 +255,7 @@ def test_a_fixture_imports_layernorm_c_when_used(tmp_path):
         def test_uses_it(layer_norm_audit):
             assert "layernorm_c._core" in sys.modules
     """))
-    proc = run_python(["-c", _SESSION + _LOADED], cwd=tmp_path, timeout=120)
+    proc = run_python(["-c", _SESSION + _LOADED], cwd=tmp_path, env=_SESSION_ENV, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "1 passed" in proc.stdout
     assert "layernorm_c._core" in json.loads(proc.stdout.splitlines()[-1])
