@@ -4,9 +4,10 @@
 
 The ``pytest11`` entry point loads this module in every pytest run of an
 environment where layernorm_c is installed, so it is a top-level module
-that imports only pytest: importing anything inside the ``layernorm_c``
-package would import NumPy and the C core first. layernorm_c is imported
-when a test requests one of the fixtures, never before.
+that imports only pytest and the standard library: importing anything
+inside the ``layernorm_c`` package would import NumPy and the C core
+first. layernorm_c is imported when a test requests one of the fixtures,
+never before.
 
 The entry point is named ``layernorm_c.testing.plugin``, the module users
 name with ``-p``: pytest then finds the plugin registered under that name
