@@ -5,7 +5,14 @@ AVX-512 kernels carry per-function target attributes and are chosen at run
 time. -ffp-contract=off stops the compiler from fusing multiply-adds on its
 own: the kernels fuse them only where their formulas say so (fmaf in scalar
 code, vfmadd in SIMD code), which is what keeps the levels bit-identical.
+
+LAYERNORM_C_RELEASE=1 (set by the cibuildwheel configuration in
+pyproject.toml) builds a release extension without debug information:
+-g0 after Python's own compiler flags (which often hold -g), and -Wl,-S
+for the linker to drop any debug sections left. The default build keeps
+Python's flags. MSVC release builds carry no debug information anyway.
 """
+import os
 import sys
 
 import numpy as np
@@ -37,6 +44,9 @@ else:
     compile_args = ["-O3", "-std=c11", "-ffp-contract=off", "-fno-fast-math",
                     "-Wall", "-Wextra", "-Wno-unused-parameter"]
     link_args = ["-pthread"]
+    if os.environ.get("LAYERNORM_C_RELEASE", "") not in ("", "0"):
+        compile_args.append("-g0")
+        link_args.append("-Wl,-S")
 
 setup(
     ext_modules=[

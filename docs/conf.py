@@ -15,6 +15,7 @@ package (both in the ``test`` extra): it needs no network access to build or
 to read. tests/test_docs_browser.py opens every page in headless Chromium to
 check that nothing is cut off and that the math is typeset.
 """
+import importlib.machinery
 import importlib.util
 import os
 import sys

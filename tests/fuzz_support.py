@@ -59,6 +59,42 @@ Y_TOL = {F16: 2e-3, F32: 1e-5, F64: 1e-12}
 STATS_TOL = {F16: 1e-6, F32: 1e-6, F64: 1e-12}
 AxisError = getattr(getattr(np, "exceptions", np), "AxisError")
 
+_CASTINGS = ("no", "equiv", "safe", "same_kind", "unsafe")
+
+
+def resolve_loop(ufunc, dtypes, casting="same_kind", signature=None) -> tuple:
+    """The dtypes of the loop NumPy runs for operands of ``dtypes`` (``None``
+    for an output to be found): ``ufunc.resolve_dtypes`` where NumPy has it
+    (1.24+). On older NumPy, the search NumPy 1.x does for a ufunc of
+    legacy loops like ``layer_norm_ufunc``: the first loop of ``ufunc.types``
+    that the inputs cast to (with ``casting``, but never more than
+    ``'safe'``), whose outputs cast to the given output dtypes with
+    ``casting``, and that agrees with the dtypes fixed in ``signature``.
+    TypeError if no loop fits. (tests/test_fuzz_api.py checks the two agree,
+    and that the search predicts the calls' result dtypes.)"""
+    if hasattr(ufunc, "resolve_dtypes"):
+        extra = {} if signature is None else {"signature": signature}
+        return ufunc.resolve_dtypes(dtypes, casting=casting, **extra)
+    return legacy_resolve_loop(ufunc, dtypes, casting, signature)
+
+
+def legacy_resolve_loop(ufunc, dtypes, casting="same_kind", signature=None) -> tuple:
+    """:func:`resolve_loop` on NumPy without ``ufunc.resolve_dtypes``."""
+    nin = ufunc.nin
+    input_casting = _CASTINGS[min(_CASTINGS.index(casting), _CASTINGS.index("safe"))]
+    for types in ufunc.types:
+        loop = tuple(np.dtype(c) for c in types.replace("->", ""))
+        if signature is not None and any(
+                s is not None and np.dtype(s) != t for s, t in zip(signature, loop)):
+            continue
+        if all(np.can_cast(d, t, input_casting) for d, t in zip(dtypes[:nin], loop)) and \
+                all(d is None or np.can_cast(t, d, casting)
+                    for d, t in zip(dtypes[nin:], loop[nin:])):
+            return loop
+    raise TypeError(f"{ufunc.__name__}: no loop for {dtypes} with casting={casting!r}, "
+                    f"signature={signature}")
+
+
 #: True for the long, randomized run (LAYERNORM_C_FUZZ=1).
 FUZZ = os.environ.get("LAYERNORM_C_FUZZ", "") not in ("", "0")
 

@@ -2,7 +2,6 @@
 environment at import time and from the setter functions."""
 import os
 import platform
-import subprocess
 import sys
 from pathlib import Path
 
@@ -10,8 +9,7 @@ import numpy as np
 import pytest
 
 import layernorm_c as lnc
-
-PACKAGE_PARENT = Path(lnc.__file__).resolve().parents[1]
+from subprocess_support import PACKAGE_DIR, run_python
 
 
 def _import_and_report(env_vars):
@@ -21,12 +19,32 @@ def _import_and_report(env_vars):
            if k not in ("LAYERNORM_C_ISA", "LAYERNORM_C_NUM_THREADS")}
     env.update(env_vars)
     code = ("import warnings; warnings.simplefilter('always');"
-            "import layernorm_c as lnc; print(lnc.get_isa(), lnc.get_num_threads())")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=PACKAGE_PARENT, env=env,
-                          capture_output=True, text=True, timeout=120)
+            "import layernorm_c as lnc; print(lnc.get_isa(), lnc.get_num_threads());"
+            "print(lnc.__file__)")
+    proc = run_python(["-c", code], env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    isa, threads = proc.stdout.split()
+    (isa, threads), where = proc.stdout.splitlines()[0].split(), proc.stdout.splitlines()[1]
+    assert os.path.samefile(where, PACKAGE_DIR / "__init__.py"), (where, PACKAGE_DIR)
     return isa, int(threads), proc.stderr
+
+
+_WHERE = "import layernorm_c._core as c, layernorm_c as l; print(l.__file__); print(c.__file__)"
+
+
+@pytest.mark.parametrize("cwd", ["temporary", "repository root"])
+def test_a_child_interpreter_imports_the_package_under_test(cwd):
+    """The subprocess tests' children import this process's layernorm_c,
+    also when started in the source tree (which, without an in-place build,
+    would shadow the installed package if it came first on sys.path)."""
+    if cwd == "repository root" and sys.version_info < (3, 11):
+        pytest.skip("needs python -P (3.11+); the subprocess tests run in a temporary folder")
+    root = Path(__file__).resolve().parents[1]
+    proc = run_python(["-c", _WHERE], cwd=root if cwd == "repository root" else None,
+                      timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    package, core = proc.stdout.splitlines()
+    assert os.path.samefile(package, PACKAGE_DIR / "__init__.py"), (package, PACKAGE_DIR)
+    assert os.path.samefile(core, lnc._core.__file__), (core, lnc._core.__file__)
 
 
 @pytest.mark.parametrize("isa", lnc.supported_isas())

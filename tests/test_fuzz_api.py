@@ -24,6 +24,7 @@ Two budgets:
 from __future__ import annotations
 
 import collections
+import itertools
 import math
 import os
 import warnings
@@ -533,8 +534,8 @@ def ufunc_expected_valid(x, w, b, eps, kwargs) -> bool:
         if not isinstance(out, np.ndarray) or out.dtype.kind != "f" or \
                 not out.flags.writeable or out.shape != lead + (x.shape[-1],):
             return False
-        loop = lnc.layer_norm_ufunc.resolve_dtypes(
-            (x.dtype, w.dtype, b.dtype, np.dtype(np.float64), None))[-1]
+        loop = fs.resolve_loop(lnc.layer_norm_ufunc,
+                               (x.dtype, w.dtype, b.dtype, np.dtype(np.float64), None))[-1]
         if not np.can_cast(loop, out.dtype, "same_kind"):
             return False
     return True
@@ -572,7 +573,8 @@ def check_ufunc(case) -> str:
         extra = {}
         if "dtype" in kwargs:
             extra["signature"] = (None, None, None, None, kwargs["dtype"])
-        loop = lnc.layer_norm_ufunc.resolve_dtypes(
+        loop = fs.resolve_loop(
+            lnc.layer_norm_ufunc,
             (before[0].dtype, before[1].dtype, before[2].dtype, eps_dt,
              None if out is None else out.dtype),
             casting=kwargs.get("casting", "same_kind"), **extra)[0]
@@ -631,6 +633,48 @@ def test_fuzz_layer_norm_ufunc(case):
 
 
 # ================================================================ fixed cases
+
+_LOOP_OPERANDS = [fs.F16, fs.F32, fs.F64, np.dtype(np.int8), np.dtype(bool),
+                  np.dtype(">f4")]
+
+
+@pytest.mark.parametrize("casting", ["no", "equiv", "safe", "same_kind", "unsafe"])
+def test_loop_search_predicts_numpys_loop(casting):
+    """fs.resolve_loop on NumPy < 1.24 (no ufunc.resolve_dtypes) searches the
+    loops itself; the fuzz oracle relies on it picking NumPy's loop. It must
+    agree with resolve_dtypes where that exists, and on every NumPy predict
+    whether a call works and its result dtype."""
+    ufunc = lnc.layer_norm_ufunc
+    for dx, dw, db in itertools.product(_LOOP_OPERANDS, [fs.F16, fs.F64, np.dtype(np.int8)],
+                                        [fs.F32, np.dtype(bool)]):
+        for eps, dtype, dout in itertools.product([1e-5, np.float16(1e-3)], [None, fs.F16, fs.F64],
+                                                  [None, fs.F16, fs.F64]):
+            eps_dt = type(eps) if isinstance(eps, float) else eps.dtype
+            dtypes = (dx, dw, db, eps_dt, dout)
+            signature = None if dtype is None else (None,) * 4 + (dtype,)
+            try:
+                want = fs.legacy_resolve_loop(ufunc, dtypes, casting, signature)
+            except TypeError:
+                want = None
+            if hasattr(ufunc, "resolve_dtypes"):
+                try:
+                    numpys = fs.resolve_loop(ufunc, dtypes, casting, signature)
+                except TypeError:
+                    numpys = None
+                assert want == numpys, (dtypes, casting, signature)
+            kwargs = {"casting": casting}
+            if dtype is not None:
+                kwargs["dtype"] = dtype
+            if dout is not None:
+                kwargs["out"] = np.empty((2, 3), dout)
+            try:
+                y = ufunc(np.ones((2, 3), dx), np.ones(3, dw), np.ones(3, db), eps, **kwargs)
+            except TypeError:
+                y = None
+            assert (y is None) == (want is None), (dtypes, casting, signature)
+            if y is not None and dout is None:
+                assert y.dtype == want[-1], (dtypes, casting, signature)
+
 
 def test_ufunc_invalid_eps_raises_under_errstate():
     """The raw gufunc's invalid-eps signal becomes an error under np.errstate."""

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
+
+from subprocess_support import run_python
 
 HEAVY = os.environ.get("LAYERNORM_C_STRESS", "") not in ("", "0")
 MiB = 1 << 20
@@ -86,9 +86,7 @@ CHILD = textwrap.dedent(r"""
 
 
 def measure(case: dict) -> dict:
-    env = dict(os.environ)
-    proc = subprocess.run([sys.executable, "-c", CHILD, json.dumps(case)],
-                          capture_output=True, text=True, timeout=900, env=env)
+    proc = run_python(["-c", CHILD, json.dumps(case)], timeout=900)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -187,8 +185,7 @@ def test_memory_error_is_raised_not_nan(tmp_path):
                     res[name] = "MemoryError"
         print(json.dumps(res))
     """)
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=300)
+    proc = run_python(["-c", script], timeout=300)
     assert proc.returncode == 0, proc.stderr
     res = json.loads(proc.stdout.strip().splitlines()[-1])
     assert res == {"fast": "returned, right", "axis": "returned, right",

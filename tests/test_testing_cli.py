@@ -1,16 +1,21 @@
 """The command line ``python -m layernorm_c audit module:function``, through
 ``layernorm_c.testing._cli.main`` and end to end in a subprocess."""
-import os
-import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
-import layernorm_c
 from layernorm_c.testing import CHECKS
 from layernorm_c.testing._cli import main
+from subprocess_support import run_python
+
+
+@pytest.fixture(autouse=True)
+def _restore_sys_path(monkeypatch):
+    """main() puts the working directory on sys.path, as ``python -m`` would,
+    to import the target: keep that from leaking into later tests (from a
+    source tree it would bring the tree's layernorm_c.egg-info back)."""
+    monkeypatch.setattr(sys, "path", list(sys.path))
 
 
 def test_correct_implementation_exits_0_and_prints_the_table(capsys):
@@ -82,16 +87,12 @@ def test_list_checks(capsys):
 
 
 def test_end_to_end_in_a_subprocess():
-    root = str(Path(layernorm_c.__file__).resolve().parent.parent)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [root, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
-    command = [sys.executable, "-m", "layernorm_c", "audit"]
-    ok = subprocess.run(command + ["layernorm_c:layer_norm", "--checks", "hand_rows"],
-                        capture_output=True, text=True, env=env, timeout=120)
+    command = ["-m", "layernorm_c", "audit"]
+    ok = run_python(command + ["layernorm_c:layer_norm", "--checks", "hand_rows"], timeout=120)
     assert ok.returncode == 0, ok.stderr
     assert "hand_rows  pass" in ok.stdout
-    bad = subprocess.run(command + ["layernorm_c:reference_layer_norm", "--checks", "contract"],
-                         capture_output=True, text=True, env=env, timeout=120)
+    bad = run_python(command + ["layernorm_c:reference_layer_norm", "--checks", "contract"],
+                     timeout=120)
     # reference_layer_norm returns a named tuple (y, mean, var), not an array.
     assert bad.returncode == 1
     assert "returned a ReferenceResult, which is not an array" in bad.stdout

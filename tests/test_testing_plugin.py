@@ -1,7 +1,12 @@
-"""The pytest plugin, run inside pytest with the pytester fixture."""
+"""The pytest plugin, run inside pytest with the pytester fixture; loading it
+imports neither NumPy nor the C core (checked in fresh interpreters)."""
+import json
+import os
 import textwrap
 
 import pytest
+
+from subprocess_support import run_python
 
 pytest_plugins = ["pytester"]
 
@@ -71,6 +76,7 @@ def test_failing_items_carry_the_diagnosis(pytester):
         "FAILED test_mine.py::test_broken?variance? - Failed: sample variance*",
     ])
     # pytrace=False: the diagnosis, not a traceback into the plugin.
+    assert "pytest_layernorm_c" not in result.stdout.str()
     assert "plugin.py" not in result.stdout.str()
 
 
@@ -152,14 +158,104 @@ def test_unknown_check_in_marker_is_a_usage_error(pytester):
     assert "Traceback" not in result.stdout.str() and "_caller.py" not in result.stdout.str()
 
 
-def test_installed_entry_point_matches_the_module_name():
-    """If the pytest11 entry point is installed, it must be named after the
-    module, or ``-p layernorm_c.testing.plugin`` would register the plugin
-    twice and stop pytest."""
-    from importlib.metadata import entry_points
-
-    ours = [ep for ep in entry_points(group="pytest11")
-            if ep.value == "layernorm_c.testing.plugin"]
+def test_installed_entry_point_is_named_after_the_documented_module():
+    """If the pytest11 entry point is installed, it must carry the name of
+    the module users give to ``-p`` (``layernorm_c.testing.plugin``), or
+    ``-p layernorm_c.testing.plugin`` would register the plugin twice and
+    stop pytest. It loads the top-level module pytest_layernorm_c."""
+    namespace: dict = {}
+    exec(_PYTEST11, namespace)
+    ours = [ep for ep in namespace["PYTEST11"]
+            if ep.value in ("pytest_layernorm_c", "layernorm_c.testing.plugin")]
     if not ours:
         pytest.skip("layernorm_c is not installed with its pytest11 entry point")
-    assert [ep.name for ep in ours] == ["layernorm_c.testing.plugin"]
+    # (A set: Python 3.9 lists a distribution again for each copy of its
+    # metadata on sys.path; pytest loads an entry point name once.)
+    assert {(ep.name, ep.value) for ep in ours} == {("layernorm_c.testing.plugin",
+                                                     "pytest_layernorm_c")}
+
+
+def test_documented_module_is_the_plugin():
+    """``-p layernorm_c.testing.plugin`` (a source checkout without the entry
+    point) registers the very hooks and fixtures the entry point loads."""
+    import pytest_layernorm_c
+    from layernorm_c.testing import plugin
+
+    for name in plugin.__all__:
+        assert getattr(plugin, name) is getattr(pytest_layernorm_c, name), name
+    hooks = {n for n in dir(pytest_layernorm_c) if n.startswith("pytest_")}
+    assert hooks <= set(plugin.__all__)
+
+
+# The installed pytest11 entry points (entry_points(group=) is Python 3.10+).
+_PYTEST11 = """
+import importlib.metadata as md
+_eps = md.entry_points()
+PYTEST11 = _eps.select(group="pytest11") if hasattr(_eps, "select") else _eps.get("pytest11", [])
+"""
+
+# What a fresh interpreter has imported, as JSON on its last line of output.
+_LOADED = ("import json, sys; print(json.dumps(sorted(m for m in sys.modules if m == 'numpy' "
+           "or m.startswith(('numpy.', 'layernorm_c')))))")
+
+_ENTRY_POINT_MODULE = _PYTEST11 + """
+import importlib
+eps = [ep for ep in PYTEST11 if ep.name == "layernorm_c.testing.plugin"]
+module = eps[0].load() if eps else importlib.import_module("pytest_layernorm_c")
+assert module.__name__ == "pytest_layernorm_c", module
+"""
+
+_SESSION = _PYTEST11 + """
+import pytest
+installed = any(ep.name == "layernorm_c.testing.plugin" for ep in PYTEST11)
+args = ["-q", "-p", "no:cacheprovider", "test_plain.py"]
+rc = pytest.main(args if installed else args + ["-p", "pytest_layernorm_c"])
+assert rc == 0, rc
+"""
+
+_PLAIN_TESTS = """
+import sys
+
+def test_plugin_is_active(pytestconfig):
+    assert any(line.startswith("layer_norm_checks(") for line in pytestconfig.getini("markers"))
+
+def test_nothing_imported_yet():
+    assert "numpy" not in sys.modules and "layernorm_c" not in sys.modules
+"""
+
+
+# The child sessions load plugins as a plain pytest run of the environment.
+_SESSION_ENV = {k: v for k, v in os.environ.items()
+                if k not in ("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "PYTEST_ADDOPTS", "PYTEST_PLUGINS")}
+
+
+def test_loading_the_plugin_imports_neither_numpy_nor_the_core(tmp_path):
+    """The entry point is loaded by every pytest run of the environment: it
+    must not import NumPy or layernorm_c (whose __init__ imports both and the
+    C core) until a test uses a fixture. Checked after importing the entry
+    point's module, and after a pytest session with the plugin active whose
+    tests use no fixture of it."""
+    proc = run_python(["-c", _ENTRY_POINT_MODULE + _LOADED], timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout.splitlines()[-1]) == []
+
+    (tmp_path / "test_plain.py").write_text(_PLAIN_TESTS)
+    proc = run_python(["-c", _SESSION + _LOADED], cwd=tmp_path, env=_SESSION_ENV, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "2 passed" in proc.stdout
+    assert json.loads(proc.stdout.splitlines()[-1]) == []
+
+
+def test_a_fixture_imports_layernorm_c_when_used(tmp_path):
+    """The other side: a test that uses a fixture gets layernorm_c and its
+    core (the check above would also pass for a plugin that never loaded)."""
+    (tmp_path / "test_plain.py").write_text(textwrap.dedent("""
+        import sys
+
+        def test_uses_it(layer_norm_audit):
+            assert "layernorm_c._core" in sys.modules
+    """))
+    proc = run_python(["-c", _SESSION + _LOADED], cwd=tmp_path, env=_SESSION_ENV, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "1 passed" in proc.stdout
+    assert "layernorm_c._core" in json.loads(proc.stdout.splitlines()[-1])
