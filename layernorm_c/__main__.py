@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sys
 import timeit
+from typing import Any, Callable, Iterable, Optional, Sequence
 
 import numpy as np
 
@@ -23,7 +24,7 @@ WORKED_EXAMPLES = [
 ]
 
 
-def _fmt(values) -> str:
+def _fmt(values: Iterable[float]) -> str:
     return "[" + ", ".join(f"{v:+.6f}" for v in values) + "]"
 
 
@@ -35,7 +36,7 @@ def show_worked_examples() -> bool:
         digits = len(str(hand[0]).split(".")[1])
         match = (np.allclose(y[0], hand, atol=10.0 ** -digits)
                  and m[0] == mean and v[0] == var)
-        ok &= bool(match)
+        ok = ok and bool(match)
         print(f"  row {row}")
         print(f"    mean {m[0]:.6f} (hand {mean})   variance {v[0]:.6f} (hand {var})")
         print(f"    y    {_fmt(y[0])}")
@@ -62,17 +63,17 @@ def show_batch_independence(d: int = 768, batch: int = 100, position: int = 37) 
     print(f"  inside: mean {inside.mean[position]:.7f}  var {inside.var[position]:.7f}  "
           f"y[:3] {inside.y[position, :3]}")
     print(f"  bit-for-bit identical (output and statistics): {'yes' if same else 'NO'}")
-    return same
+    return bool(same)
 
 
-def _numpy_layer_norm(x, weight, bias, eps=1e-5):
+def _numpy_layer_norm(x: Any, weight: Any, bias: Any, eps: float = 1e-5) -> Any:
     mean = x.mean(axis=-1, keepdims=True)
     centered = x - mean
     var = (centered * centered).mean(axis=-1, keepdims=True)
     return centered / np.sqrt(var + eps) * weight + bias
 
 
-def _best_time(fn, number: int) -> float:
+def _best_time(fn: Callable[[], object], number: int) -> float:
     return min(timeit.repeat(fn, number=number, repeat=5)) / number
 
 
@@ -92,7 +93,7 @@ def show_speed() -> None:
     print("  (full benchmark with PyTorch and the memory-copy floor: python benchmarks/bench.py)")
 
 
-def main(argv=None) -> int:
+def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] == "audit":
         from .testing._cli import main as audit_main
@@ -102,7 +103,7 @@ def main(argv=None) -> int:
         print("usage: python -m layernorm_c [audit module:function ...]", file=sys.stderr)
         return 2
     ok = show_worked_examples()
-    ok &= show_batch_independence()
+    ok = show_batch_independence() and ok
     show_speed()
     return 0 if ok else 1
 

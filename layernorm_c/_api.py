@@ -77,12 +77,12 @@ def _as_real_array(a: object, name: str) -> np.ndarray:
     try:
         arr = np.asarray(a)
     except (TypeError, ValueError) as exc:
-        kind = ValueError if isinstance(exc, ValueError) else TypeError
+        error = ValueError if isinstance(exc, ValueError) else TypeError
         hint = ""
         if "Tracer" in type(exc).__name__:
             hint = ("; layernorm_c computes on NumPy arrays, so call it outside "
                     "jax.jit (or through jax.pure_callback)")
-        raise kind(f"{name}: expected array_like, got {type(a).__name__} that could not "
+        raise error(f"{name}: expected array_like, got {type(a).__name__} that could not "
                    f"be converted to a NumPy array ({type(exc).__name__}: {exc}){hint}"
                    ) from exc
     kind = arr.dtype.kind
@@ -93,10 +93,11 @@ def _as_real_array(a: object, name: str) -> np.ndarray:
     raise TypeError(f"{name}: expected {_EXPECTED}, got dtype {arr.dtype}")
 
 
-def _normalize_axes(axis, ndim: int) -> Tuple[int, ...]:
+def _normalize_axes(axis: object, ndim: int) -> Tuple[int, ...]:
     """Sorted, non-negative, unique axes; AxisError (a ValueError) if bad."""
     if isinstance(axis, (bool, np.bool_)):
         raise TypeError(f"axis: expected an int or a tuple of ints, got {axis!r}")
+    axes: Tuple[int, ...]
     if isinstance(axis, (numbers.Integral,)):
         axes = (int(axis),)
     elif isinstance(axis, (tuple, list)) and all(

@@ -6,9 +6,10 @@ speed, like bottleneck's ``bn.slow`` functions.
 """
 from __future__ import annotations
 
-from typing import NamedTuple, Optional, Sequence, Union
+from typing import Any, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
+from numpy.typing import ArrayLike, NDArray
 
 Axis = Union[int, Sequence[int]]
 
@@ -16,18 +17,18 @@ Axis = Union[int, Sequence[int]]
 class ReferenceResult(NamedTuple):
     """What :func:`reference_layer_norm` returns, all in float64."""
 
-    y: np.ndarray
+    y: NDArray[np.float64]
     """The normalized output, shaped like ``x``."""
-    mean: np.ndarray
+    mean: NDArray[np.float64]
     """Per-record mean, shaped like ``x`` without the normalized axes."""
-    var: np.ndarray
+    var: NDArray[np.float64]
     """Per-record population variance (divided by d, without eps)."""
 
 
 def reference_layer_norm(
-    x,
-    weight=None,
-    bias=None,
+    x: ArrayLike,
+    weight: Optional[ArrayLike] = None,
+    bias: Optional[ArrayLike] = None,
     eps: float = 1e-5,
     axis: Axis = -1,
 ) -> ReferenceResult:
@@ -53,8 +54,8 @@ def reference_layer_norm(
         the number of features) and does not include eps.
     """
     x = np.asarray(x, dtype=np.float64)
-    axes = (axis,) if np.ndim(axis) == 0 else tuple(axis)
-    axes = tuple(sorted(a % x.ndim for a in axes))
+    given: Sequence[int] = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
+    axes = tuple(sorted(int(a) % x.ndim for a in given))
     # Each record is scaled by a power of two (exact) that brings its
     # largest magnitude near 1, so that neither the sum nor the squares can
     # overflow or underflow; eps scales with the variance, so y is unchanged.
@@ -84,7 +85,7 @@ def reference_layer_norm(
     return ReferenceResult(y, np.squeeze(mean, axes), np.squeeze(var, axes))
 
 
-def _record_scale(x: np.ndarray, axes) -> np.ndarray:
+def _record_scale(x: NDArray[np.float64], axes: Tuple[int, ...]) -> NDArray[np.float64]:
     """2**-e per record, e the binary exponent of its largest magnitude
     (clipped to +-1000 so the scale itself stays finite); 1 for records of
     zeros or with a non-finite value."""
@@ -94,9 +95,3 @@ def _record_scale(x: np.ndarray, axes) -> np.ndarray:
     ok = np.isfinite(m) & (m > 0)
     _, e = np.frexp(np.where(ok, m, 1.0))
     return np.where(ok, np.ldexp(1.0, -np.clip(e, -1000, 1000)), 1.0)
-
-
-def reference_y(x, weight=None, bias=None, eps: float = 1e-5,
-                axis: Optional[Axis] = -1) -> np.ndarray:
-    """Only the normalized output of :func:`reference_layer_norm`."""
-    return reference_layer_norm(x, weight, bias, eps, axis).y

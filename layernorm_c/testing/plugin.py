@@ -28,7 +28,9 @@ neither NumPy nor layernorm_c until a fixture is used, so the plugin costs
 nothing in the test suites of an environment that do not use it (importing
 this module, inside the package, imports both).
 """
-from pytest_layernorm_c import (
+# pytest_layernorm_c is a top-level module, which a py.typed marker cannot
+# cover (PEP 561); it is annotated and checked with the package's tests.
+from pytest_layernorm_c import (  # type: ignore[import-untyped]
     FIXTURE,
     MARKER,
     layer_norm_audit,
