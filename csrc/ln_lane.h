@@ -33,46 +33,65 @@
 #define LN_ROW(p, j) LN_LOAD((p) + (j))
 #endif
 
+/* Records of at most LN_SHORT features take the short path: all of
+ * LN_LANES for float lanes, half of them for double lanes (32 doubles would
+ * take four 512-bit registers for what usually fits in two). */
+#undef LN_SHORT
+#define LN_SHORT (sizeof(LN_T) == 8 ? LN_LANES / 2 : LN_LANES)
+
 /*
- * Short records (d <= LN_LANES): one partial block with at most one
+ * Short records (d <= LN_SHORT): one partial block with at most one
  * element per lane, so total lane j is exactly +0.0 + (double)(+0 + v_j)
  * for j < d and +0.0 beyond, which add nothing to the tree (lanes are
  * never -0.0: +0 + -0 is +0). The record is read with masked loads into a
  * zero-padded row and reduced in registers: the same bits as the general
  * loops, with a fraction of their fixed cost per record.
  */
-LN_ALWAYS_INLINE void LN_FN(load_part)(LN_T v[LN_LANES], const LN_S *x, size_t d)
+LN_ALWAYS_INLINE void LN_FN(load_part)(LN_T v[LN_LANES], const LN_S *x, size_t d,
+                                       size_t width)
 {
 #if defined(LN_LOAD_PART)
-    LN_LOAD_PART(v, x, d);
+    LN_LOAD_PART(v, x, d, width);
 #else
-    for (size_t j = 0; j < LN_LANES; j++)
+    for (size_t j = 0; j < width; j++)
         v[j] = j < d ? LN_LOAD(x + j) : (LN_T)0;
 #endif
+}
+
+/* The tree over the first w lanes (w a power of two >= d): the same as
+ * over all LN_LANES when the others are +0.0. */
+LN_ALWAYS_INLINE double LN_FN(tree_short)(double t[LN_LANES], size_t w)
+{
+    LN_UNROLL
+    for (size_t h = w / 2; h >= 1; h /= 2)
+        LN_UNROLL
+        for (size_t j = 0; j < h; j++)
+            t[j] += t[j + h];
+    return t[0];
 }
 
 static double LN_FN(sum_shifted_short)(const LN_S *x, size_t d, LN_T shift)
 {
     LN_T v[LN_LANES];
     double t[LN_LANES];
-    LN_FN(load_part)(v, x, d);
-    for (size_t j = 0; j < LN_LANES; j++)
+    LN_FN(load_part)(v, x, d, LN_SHORT);
+    for (size_t j = 0; j < LN_SHORT; j++)
         v[j] = j < d ? v[j] - shift : (LN_T)0;
-    for (size_t j = 0; j < LN_LANES; j++)
+    for (size_t j = 0; j < LN_SHORT; j++)
         t[j] = 0.0 + (double)((LN_T)0 + v[j]);
-    return ln_tree_sum(t);
+    return LN_FN(tree_short)(t, LN_SHORT);
 }
 
 static double LN_FN(sum_squares_short)(const LN_S *x, size_t d, LN_T hi, LN_T lo)
 {
     LN_T v[LN_LANES];
     double t[LN_LANES];
-    LN_FN(load_part)(v, x, d);
-    for (size_t j = 0; j < LN_LANES; j++)
+    LN_FN(load_part)(v, x, d, LN_SHORT);
+    for (size_t j = 0; j < LN_SHORT; j++)
         v[j] = j < d ? LN_FN(center)(v[j], hi, lo) : (LN_T)0;
-    for (size_t j = 0; j < LN_LANES; j++)
+    for (size_t j = 0; j < LN_SHORT; j++)
         t[j] = 0.0 + (double)LN_FN(add_square)((LN_T)0, v[j]);
-    return ln_tree_sum(t);
+    return LN_FN(tree_short)(t, LN_SHORT);
 }
 
 /* The outputs of a short record: masked stores of the first d. */
@@ -81,26 +100,27 @@ LN_ALWAYS_INLINE void LN_FN(apply_short)(const LN_S *x, LN_S *y, size_t d, LN_T 
                                          const LN_P *restrict b)
 {
     LN_T v[LN_LANES];
-    LN_FN(load_part)(v, x, d);
-    for (size_t j = 0; j < LN_LANES; j++)
-        v[j] = LN_FN(normalize)(v[j], hi, r, c);
-    if (w || b)
-        for (size_t j = 0; j < LN_LANES; j++)
-            if (j < d)
-                v[j] = LN_FN(affine)(v[j], w, b, j);
+    LN_FN(load_part)(v, x, d, LN_SHORT);
 #if defined(LN_STORE_PART)
-    LN_STORE_PART(y, v, d);
+    /* Gain and bias are read only below d: padded copies. */
+    LN_T wp[LN_LANES], bp[LN_LANES];
+    for (size_t j = 0; j < LN_SHORT; j++) {
+        wp[j] = w && j < d ? (LN_T)w[j] : (LN_T)1;
+        bp[j] = b && j < d ? (LN_T)b[j] : (LN_T)0;
+    }
+    for (size_t j = 0; j < LN_SHORT; j++)
+        v[j] = LN_FN(affine)(LN_FN(normalize)(v[j], hi, r, c), w ? wp : NULL, b ? bp : NULL, j);
+    LN_STORE_PART(y, v, d, LN_SHORT);
 #else
-    for (size_t j = 0; j < LN_LANES; j++)
-        if (j < d)
-            LN_STORE(y + j, v[j]);
+    for (size_t j = 0; j < d; j++)
+        LN_STORE(y + j, LN_FN(affine)(LN_FN(normalize)(v[j], hi, r, c), w, b, j));
 #endif
 }
 
 /* Sum of x[i] - shift. */
 static double LN_FN(sum_shifted)(const LN_S *x, size_t d, LN_T shift)
 {
-    if (d <= LN_LANES)
+    if (d <= LN_SHORT)
         return LN_FN(sum_shifted_short)(x, d, shift);
     double total[LN_LANES] = {0};
     for (size_t i = 0; i < d;) {
@@ -122,7 +142,7 @@ static double LN_FN(sum_shifted)(const LN_S *x, size_t d, LN_T shift)
 /* Sum of squares of the centered values (x - hi) - lo. */
 static double LN_FN(sum_squares)(const LN_S *x, size_t d, LN_T hi, LN_T lo)
 {
-    if (d <= LN_LANES)
+    if (d <= LN_SHORT)
         return LN_FN(sum_squares_short)(x, d, hi, lo);
     double total[LN_LANES] = {0};
     for (size_t i = 0; i < d;) {
@@ -228,7 +248,7 @@ static void LN_FN(apply_in_place)(LN_S *xy, size_t i0, size_t d, LN_T hi, LN_T r
 static void LN_FN(apply)(const LN_S *x, LN_S *y, size_t d, LN_T hi, LN_T r, LN_T c,
                          const LN_P *restrict w, const LN_P *restrict b, int stream)
 {
-    if (d <= LN_LANES) {
+    if (d <= LN_SHORT) {
         LN_FN(apply_short)(x, y, d, hi, r, c, w, b);
         return;
     }

@@ -12,7 +12,9 @@
  *                   stores; LN_STORE_FENCE orders them
  *   LN_LOAD_ROW_F16(v, p), LN_STORE_ROW_F16(p, v)  optional: LN_LANES
  *                   float16 values converted a register at a time, and
- *   LN_LOAD_PART_F16(v, p, n), LN_STORE_PART_F16(p, v, n) the first n of them
+ *   LN_LOAD_PART_F16(v, p, n, w), LN_STORE_PART_F16(p, v, n, w)  the first
+ *                   n of them (w >= n lanes filled, zeros beyond n); and
+ *                   the same for float32 and float64 rows (_F32, _F64)
  */
 #include "ln_tmpl.h"
 
@@ -98,7 +100,13 @@
 #define LN_FN(f) f##_f32
 #define LN_LOAD(p) (*(p))
 #define LN_STORE(p, v) (*(p) = (v))
+#if defined(LN_LOAD_PART_F32)
+#define LN_LOAD_PART LN_LOAD_PART_F32
+#define LN_STORE_PART LN_STORE_PART_F32
+#endif
 #include "ln_instance.h"
+#undef LN_LOAD_PART
+#undef LN_STORE_PART
 #define LN_CORE(f) f##_f32
 #define LN_WIDE(f) f##_f32_wide
 #define LN_OPS(f) f##_f32
@@ -116,7 +124,13 @@
 #define LN_FN(f) f##_f64
 #define LN_LOAD(p) (*(p))
 #define LN_STORE(p, v) (*(p) = (v))
+#if defined(LN_LOAD_PART_F64)
+#define LN_LOAD_PART LN_LOAD_PART_F64
+#define LN_STORE_PART LN_STORE_PART_F64
+#endif
 #include "ln_instance.h"
+#undef LN_LOAD_PART
+#undef LN_STORE_PART
 #define LN_CORE(f) f##_f64
 #define LN_OPS(f) f##_f64
 #include "ln_ops.h"

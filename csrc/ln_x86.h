@@ -56,7 +56,7 @@ static inline void ln_store_row_f16(uint16_t *p, const float *v)
     }
 }
 
-/* The first n < LN_LANES of a row (zeros beyond), and back: masked loads
+/* The first n <= width of a row (zeros beyond, up to width), and back: masked loads
  * and stores with AVX-512, a small zero-padded buffer with AVX2 (which has
  * no 16-bit masked moves). Nothing past n is read or written. */
 #if LN_VEC_BYTES == 64
@@ -66,34 +66,99 @@ static inline __mmask16 ln_first16(size_t n)
 }
 #endif
 
-static inline void ln_load_part_f16(float *v, const uint16_t *p, size_t n)
+static inline void ln_load_part_f16(float *v, const uint16_t *p, size_t n, size_t width)
 {
 #if LN_VEC_BYTES == 64
-    for (size_t j = 0; j < LN_LANES; j += 16) {
+    for (size_t j = 0; j < width; j += 16) {
         __m256i h = _mm256_maskz_loadu_epi16(ln_first16(n > j ? n - j : 0), p + j);
         _mm512_storeu_ps(v + j, _mm512_cvtph_ps(h));
     }
 #else
     uint16_t buf[LN_LANES] = {0};
+    (void)width;
     memcpy(buf, p, n * sizeof *p);
     ln_load_row_f16(v, buf);
 #endif
 }
 
-static inline void ln_store_part_f16(uint16_t *p, const float *v, size_t n)
+static inline void ln_store_part_f16(uint16_t *p, const float *v, size_t n, size_t width)
 {
 #if LN_VEC_BYTES == 64
-    for (size_t j = 0; j < LN_LANES; j += 16) {
+    for (size_t j = 0; j < width; j += 16) {
         __m256i h = _mm512_cvtps_ph(_mm512_loadu_ps(v + j), _MM_FROUND_TO_NEAREST_INT);
         _mm256_mask_storeu_epi16(p + j, ln_first16(n > j ? n - j : 0), h);
     }
 #else
     uint16_t buf[LN_LANES];
+    (void)width;
     ln_store_row_f16(buf, v);
     memcpy(p, buf, n * sizeof *p);
 #endif
 }
 
+/* The first n < LN_LANES floats or doubles of a row, zeros beyond, with
+ * masked loads (GCC's own masked loads for such loops are not reliable). */
+static inline void ln_load_part_f32(float *v, const float *p, size_t n, size_t width)
+{
+    for (size_t j = 0; j < width; j += LN_VEC_BYTES / 4) {
+        size_t k = n > j ? n - j : 0;
+#if LN_VEC_BYTES == 64
+        _mm512_storeu_ps(v + j, _mm512_maskz_loadu_ps(ln_first16(k), p + j));
+#else
+        __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(k > 8 ? 8 : k)), lane);
+        _mm256_storeu_ps(v + j, _mm256_maskload_ps(p + j, m));
+#endif
+    }
+}
+
+static inline void ln_load_part_f64(double *v, const double *p, size_t n, size_t width)
+{
+    for (size_t j = 0; j < width; j += LN_VEC_BYTES / 8) {
+        size_t k = n > j ? n - j : 0;
+#if LN_VEC_BYTES == 64
+        _mm512_storeu_pd(v + j, _mm512_maskz_loadu_pd((__mmask8)ln_first16(k > 8 ? 8 : k), p + j));
+#else
+        __m256i lane = _mm256_setr_epi64x(0, 1, 2, 3);
+        __m256i m = _mm256_cmpgt_epi64(_mm256_set1_epi64x((long long)(k > 4 ? 4 : k)), lane);
+        _mm256_storeu_pd(v + j, _mm256_maskload_pd(p + j, m));
+#endif
+    }
+}
+
+/* ... and the first n of v stored to p (nothing beyond). */
+static inline void ln_store_part_f32(float *p, const float *v, size_t n, size_t width)
+{
+    for (size_t j = 0; j < width; j += LN_VEC_BYTES / 4) {
+        size_t k = n > j ? n - j : 0;
+#if LN_VEC_BYTES == 64
+        _mm512_mask_storeu_ps(p + j, ln_first16(k), _mm512_loadu_ps(v + j));
+#else
+        __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(k > 8 ? 8 : k)), lane);
+        _mm256_maskstore_ps(p + j, m, _mm256_loadu_ps(v + j));
+#endif
+    }
+}
+
+static inline void ln_store_part_f64(double *p, const double *v, size_t n, size_t width)
+{
+    for (size_t j = 0; j < width; j += LN_VEC_BYTES / 8) {
+        size_t k = n > j ? n - j : 0;
+#if LN_VEC_BYTES == 64
+        _mm512_mask_storeu_pd(p + j, (__mmask8)ln_first16(k > 8 ? 8 : k), _mm512_loadu_pd(v + j));
+#else
+        __m256i lane = _mm256_setr_epi64x(0, 1, 2, 3);
+        __m256i m = _mm256_cmpgt_epi64(_mm256_set1_epi64x((long long)(k > 4 ? 4 : k)), lane);
+        _mm256_maskstore_pd(p + j, m, _mm256_loadu_pd(v + j));
+#endif
+    }
+}
+
+#define LN_LOAD_PART_F32 ln_load_part_f32
+#define LN_STORE_PART_F32 ln_store_part_f32
+#define LN_STORE_PART_F64 ln_store_part_f64
+#define LN_LOAD_PART_F64 ln_load_part_f64
 #define LN_LOAD_ROW_F16 ln_load_row_f16
 #define LN_STORE_ROW_F16 ln_store_row_f16
 #define LN_LOAD_PART_F16 ln_load_part_f16
