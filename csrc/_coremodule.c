@@ -532,7 +532,11 @@ PyMODINIT_FUNC PyInit__core(void)
     PyObject *m = PyModule_Create(&core_module);
     if (m == NULL)
         return NULL;
-    if (add_gufuncs(m) < 0 || PyModule_AddIntConstant(m, "MAX_THREADS", LN_MAX_THREADS) < 0) {
+    /* The reduction order's constants (ln_contract.h), for the tests' error
+     * bounds and the docs; never needed to use the library. */
+    if (add_gufuncs(m) < 0 || PyModule_AddIntConstant(m, "MAX_THREADS", LN_MAX_THREADS) < 0 ||
+        PyModule_AddIntConstant(m, "LANES", LN_LANES) < 0 ||
+        PyModule_AddIntConstant(m, "BLOCK", LN_BLOCK) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -24,6 +24,9 @@ def _fast(x: Any, weight: Any, bias: Any, eps: Any, out: Any, return_stats: Any,
 
 # The largest thread count set_num_threads accepts.
 MAX_THREADS: int
+# The reduction order's constants (csrc/ln_contract.h): lanes and block size.
+LANES: int
+BLOCK: int
 
 def get_isa() -> str: ...
 def set_isa(name: str, /) -> None: ...
