@@ -98,10 +98,16 @@ typedef struct {
 
 typedef int (*ln_kernel)(const ln_rows *rows);
 
+/* n contiguous, aligned values of one dtype converted exactly to a wider
+ * one (for rows of mixed-dtype calls). */
+typedef void (*ln_widen)(const void *src, void *dst, size_t n);
+
 /* One instruction-set level: a record kernel per op and storage dtype. */
 typedef struct {
     const char *name;
     ln_kernel op[LN_NOPS][LN_NDTYPES];
+    /* widen[from][to]: NULL where `to` is not a wider compute type. */
+    ln_widen widen[LN_NDTYPES][LN_NDTYPES];
     /* Order streamed (non-temporal) stores before the results are used. */
     void (*store_fence)(void);
 } ln_kernels;

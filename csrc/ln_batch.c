@@ -112,9 +112,9 @@ static int worker_begin(void *vctx, void **state)
             wk->b = base;
     }
     if (job->w.ptr && job->w.row == 0)
-        wk->w_fixed = ln_stage_in(&job->w, 0, job->d, c->ctype, wk->w);
+        wk->w_fixed = ln_stage_in(c->k, &job->w, 0, job->d, c->ctype, wk->w);
     if (job->b.ptr && job->b.row == 0)
-        wk->b_fixed = ln_stage_in(&job->b, 0, job->d, c->ctype, wk->b);
+        wk->b_fixed = ln_stage_in(c->k, &job->b, 0, job->d, c->ctype, wk->b);
     *state = wk;
     return LN_OK;
 }
@@ -171,16 +171,16 @@ static int run_staged(const ln_batch_ctx *c, ln_worker *wk, size_t r)
     int direct_y = ln_row_is_direct(&job->y, r, job->dtype);
     ln_rows rows = {
         .n = 1, .d = d,
-        .x = ln_stage_in(&job->x, r, d, job->dtype, wk->x),
+        .x = ln_stage_in(c->k, &job->x, r, d, job->dtype, wk->x),
         .y = direct_y ? job->y.ptr + (ptrdiff_t)r * job->y.row : wk->y,
         .w = wk->w_fixed, .b = wk->b_fixed,
         .eps = &eps, .st = &st, .spare = &wk->spare,
         .stream = c->stream && direct_y,
     };
     if (job->w.ptr && !wk->w_fixed)
-        rows.w = ln_stage_in(&job->w, r, d, c->ctype, wk->w);
+        rows.w = ln_stage_in(c->k, &job->w, r, d, c->ctype, wk->w);
     if (job->b.ptr && !wk->b_fixed)
-        rows.b = ln_stage_in(&job->b, r, d, c->ctype, wk->b);
+        rows.b = ln_stage_in(c->k, &job->b, r, d, c->ctype, wk->b);
     int status = c->kernel(&rows);
     if (!direct_y)
         ln_stage_out(wk->y, &job->y, r, d);

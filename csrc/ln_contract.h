@@ -36,8 +36,10 @@
  *    whose 1/std exceeds the float range is computed with the same formulas
  *    in double (block lanes of double); a float64 record whose squares leave
  *    the double range is computed at an exact power-of-two scale.
- * 9. NaN. A record with a NaN or infinity among its values (or an invalid
- *    eps) is written as the canonical quiet NaN.
+ * 9. NaN. A record with a NaN or infinity among its values, an invalid
+ *    eps, or a constant record with eps = 0 (0/0) is written as the
+ *    canonical quiet NaN (NaNs made by arithmetic differ in sign between
+ *    x86 and aarch64).
  */
 #ifndef LN_CONTRACT_H
 #define LN_CONTRACT_H

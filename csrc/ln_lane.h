@@ -269,3 +269,19 @@ static void LN_FN(apply)(const LN_S *x, LN_S *y, size_t d, LN_T hi, LN_T r, LN_T
     else
         LN_FN(apply_disjoint)(x, y, head, d, hi, r, c, w, b, stream);
 }
+
+/* n values to the compute type, exactly (mixed-dtype rows are staged with
+ * this: a float16 row of a float32 call, a float32 row of a float64 one). */
+static inline void LN_FN(widen)(const void *src, void *dst, size_t n)
+{
+    const LN_S *x = src;
+    LN_T *t = dst;
+    size_t i = 0;
+    for (; i + LN_LANES <= n; i += LN_LANES) {
+        LN_ROW_BEGIN(x + i);
+        for (size_t j = 0; j < LN_LANES; j++)
+            t[i + j] = LN_ROW(x + i, j);
+    }
+    for (; i < n; i++)
+        t[i] = LN_LOAD(x + i);
+}

@@ -157,5 +157,10 @@ const ln_kernels LN_LEVEL_TABLE = {
             [LN_F64] = layer_norm_f64,
         },
     },
+    .widen = {
+        [LN_F16] = {[LN_F32] = widen_f16, [LN_F64] = widen_f16_wide},
+        [LN_BF16] = {[LN_F32] = widen_bf16, [LN_F64] = widen_bf16_wide},
+        [LN_F32] = {[LN_F64] = widen_f32_wide},
+    },
     .store_fence = LN_STORE_FENCE,
 };

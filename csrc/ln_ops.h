@@ -36,6 +36,10 @@ static int LN_OPS(ln_output)(const LN_S *x, LN_S *y, size_t d, const LN_P *w,
 {
     (void)spare;
     double rstd = ln_inverse_std(st->var, eps);
+    if (rstd > DBL_MAX) { /* var + eps == 0: a constant record, eps = 0 */
+        LN_CORE(fill_nan)(y, d);
+        return LN_OK;
+    }
     if (LN_OPS(fits_float)(st->var, rstd))
         LN_CORE(output)(x, y, d, st, rstd, w, b, stream);
     else
@@ -116,7 +120,11 @@ static int LN_OPS(ln_output)(const LN_S *x, LN_S *y, size_t d, const LN_P *w,
         return LN_ENOMEM;
     ln_stats scaled;
     LN_CORE(stats)(xs, d, &scaled);
-    LN_CORE(output)(xs, y, d, &scaled, ln_inverse_std(scaled.var, eps * s * s), w, b, 0);
+    rstd = ln_inverse_std(scaled.var, eps * s * s);
+    if (rstd > DBL_MAX) /* var + eps == 0 even at scale: constant, eps = 0 */
+        LN_CORE(fill_nan)(y, d);
+    else
+        LN_CORE(output)(xs, y, d, &scaled, rstd, w, b, 0);
     return LN_OK;
 }
 

@@ -43,3 +43,13 @@ static void LN_FN(apply)(const LN_S *x, LN_S *y, size_t d, LN_T hi, LN_T r,
         LN_STORE(y + i, LN_FN(affine)(LN_FN(normalize)(LN_LOAD(x + i), hi, r, c),
                                       w, b, i));
 }
+
+/* n values to the compute type, exactly (mixed-dtype rows are staged with
+ * this: a float16 row of a float32 call, a float32 row of a float64 one). */
+static inline void LN_FN(widen)(const void *src, void *dst, size_t n)
+{
+    const LN_S *s = src;
+    LN_T *t = dst;
+    for (size_t i = 0; i < n; i++)
+        t[i] = LN_LOAD(s + i);
+}

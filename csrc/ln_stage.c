@@ -99,11 +99,16 @@ static void convert(const char *src, ptrdiff_t col, ln_dtype from, void *dst,
     }
 }
 
-const void *ln_stage_in(const ln_operand *op, size_t r, size_t d, ln_dtype want,
-                        void *buf)
+const void *ln_stage_in(const ln_kernels *k, const ln_operand *op, size_t r, size_t d,
+                        ln_dtype want, void *buf)
 {
     if (ln_row_is_direct(op, r, want))
         return row_ptr(op, r);
+    ln_widen widen = k->widen[op->dtype][want];
+    if (widen && ln_row_is_direct(op, r, op->dtype)) {
+        widen(row_ptr(op, r), buf, d);
+        return buf;
+    }
     convert(row_ptr(op, r), op->col, op->dtype, buf, want, d);
     return buf;
 }

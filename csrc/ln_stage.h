@@ -23,9 +23,10 @@ int ln_row_is_direct(const ln_operand *op, size_t r, ln_dtype want);
 int ln_rows_are_direct(const ln_operand *op, ln_dtype want);
 
 /* Row r of op as d contiguous values of `want`: the row itself when
- * direct, else a converted copy in buf (d items of `want`). */
-const void *ln_stage_in(const ln_operand *op, size_t r, size_t d, ln_dtype want,
-                        void *buf);
+ * direct, else a converted copy in buf (d items of `want`), made with the
+ * level's vector conversion where the row is contiguous. */
+const void *ln_stage_in(const ln_kernels *k, const ln_operand *op, size_t r, size_t d,
+                        ln_dtype want, void *buf);
 
 /* Write d values of op's dtype from buf to row r of op. */
 void ln_stage_out(const void *buf, const ln_operand *op, size_t r, size_t d);

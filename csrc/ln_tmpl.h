@@ -91,7 +91,11 @@ static inline void ln_canonical_nans(ln_stats *st)
 }
 
 /* A record whose statistics are NaN (a NaN or infinities among its
- * values), or whose eps is invalid, is all NaN. */
+ * values), or whose eps is invalid, is all NaN. So is a constant record
+ * with eps = 0 (0/0), which the output paths detect (ln_ops.h). All are
+ * written as the canonical quiet NaN: the NaN arithmetic would make
+ * differs between machines (x86's default NaN is negative, aarch64's
+ * positive). */
 static inline int ln_record_is_nan(const ln_stats *st, double eps)
 {
     return isnan(st->mean) || isnan(st->var) || !ln_eps_is_valid(eps);

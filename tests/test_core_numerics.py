@@ -239,3 +239,20 @@ def test_float64_statistics_of_huge_records_are_exact_where_representable():
     res = lnc.layer_norm(np.array([1e300, -1e300]), return_stats=True)
     assert res.var == np.inf and res.mean == 0.0
     np.testing.assert_allclose(res.y, [1.0, -1.0], rtol=1e-15)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+@pytest.mark.parametrize("value", [0.0, 5.0, -3.25e-300, 1e300])
+def test_constant_record_with_eps_zero_is_the_canonical_nan(dtype, value):
+    """0/0: every output NaN, written as the one canonical quiet NaN (the
+    NaN that 0 * inf makes is negative on x86, positive on aarch64), on
+    every level, whatever the scale of the record."""
+    x = np.full((3, 40), value).astype(dtype)
+    if not np.isfinite(x).all() or (value != 0 and (x == 0).all()):
+        pytest.skip("value not representable in this dtype")
+    canonical = np.array(np.nan, dtype).view(f"u{np.dtype(dtype).itemsize}")
+    for isa in lnc.supported_isas():
+        with kernel_settings(isa=isa):
+            y = lnc.layer_norm(x, np.full(40, 2.0, dtype), np.ones(40, dtype), eps=0.0)
+        bits = y.view(f"u{np.dtype(dtype).itemsize}")
+        assert np.all(bits == canonical), (isa, hex(int(bits.ravel()[0])))
