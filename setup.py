@@ -23,6 +23,7 @@ SOURCES = [
     "csrc/ln_batch.c",
     "csrc/ln_stage.c",
     "csrc/ln_pool.c",
+    "csrc/ln_accum.c",
     "csrc/ln_dispatch.c",
     "csrc/ln_scalar.c",
     "csrc/ln_portable.c",
@@ -34,7 +35,7 @@ HEADERS = [
     "csrc/layernorm.h", "csrc/ln_contract.h", "csrc/ln_half.h", "csrc/ln_pool.h",
     "csrc/ln_stage.h", "csrc/ln_tmpl.h", "csrc/ln_level.h", "csrc/ln_instance.h",
     "csrc/ln_ref.h", "csrc/ln_lane.h", "csrc/ln_elem.h", "csrc/ln_record.h",
-    "csrc/ln_ops.h", "csrc/ln_x86.h",
+    "csrc/ln_ops.h", "csrc/ln_x86.h", "csrc/ln_accum.h",
 ]
 
 if sys.platform == "win32":

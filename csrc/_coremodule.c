@@ -58,13 +58,13 @@ static ln_dtype stats_dtype(ln_dtype t)
 /* ---- the gufuncs -------------------------------------------------------- */
 
 /* One generalized ufunc: which operands it has, in NumPy's order
- * x, [weight], [bias], eps -> y, [mean, var]. */
+ * [dy], x, [weight], [bias], eps -> y, [mean, var]. */
 typedef struct {
     const char *attr;      /* module attribute */
     const char *signature;
     const char *doc;
     ln_op op;
-    int has_w, has_b, has_stats;
+    int has_dy, has_w, has_b, has_stats;
 } ln_gufunc;
 
 #define LN_LOOP_DTYPES 3 /* float16, float32, float64 */
@@ -81,6 +81,17 @@ static const char public_doc[] =
     "floating-point 'invalid' warning; layer_norm() raises instead.\n"
     "MemoryError if the kernels' scratch rows cannot be allocated.";
 
+static const char backward_doc[] =
+    "layer_norm_backward_ufunc(dy, x, weight, eps, /, out=None, *, axes=None, ...)\n"
+    "\n"
+    "The gradient of layer normalization with respect to its input, as a\n"
+    "generalized ufunc, signature (n),(n),(n),()->(n): for every record x\n"
+    "of n features and the gradient dy of its output, dx. weight is the\n"
+    "gain (ones for none). The parameter gradients, sums over records,\n"
+    "are what layer_norm_backward adds. Loops: float16 (computed in\n"
+    "float32), float32, float64. An invalid eps gives NaN records and the\n"
+    "floating-point 'invalid' warning.";
+
 static const ln_gufunc gufuncs[] = {
     {.attr = "layer_norm", .signature = "(n),(n),(n),()->(n)", .doc = public_doc,
      .op = LN_OP_LAYER_NORM, .has_w = 1, .has_b = 1, .has_stats = 0},
@@ -96,10 +107,12 @@ static const ln_gufunc gufuncs[] = {
     {.attr = "_ln_none", .signature = "(n),()->(n),(),()",
      .doc = "x, eps -> y, mean, var",
      .op = LN_OP_LAYER_NORM, .has_w = 0, .has_b = 0, .has_stats = 1},
+    {.attr = "layer_norm_backward", .signature = "(n),(n),(n),()->(n)", .doc = backward_doc,
+     .op = LN_OP_LAYER_NORM_BACKWARD, .has_dy = 1, .has_w = 1},
 };
 #define LN_NGUFUNCS (sizeof gufuncs / sizeof gufuncs[0])
 
-static int gufunc_nin(const ln_gufunc *g) { return 2 + g->has_w + g->has_b; }
+static int gufunc_nin(const ln_gufunc *g) { return 2 + g->has_dy + g->has_w + g->has_b; }
 static int gufunc_nout(const ln_gufunc *g) { return 1 + 2 * g->has_stats; }
 
 /* What a loop gets as its data: the gufunc and the dtype of the loop. */
@@ -110,7 +123,7 @@ typedef struct {
 
 static ln_loop_data loop_data[LN_NGUFUNCS][LN_LOOP_DTYPES];
 static void *loop_data_ptrs[LN_NGUFUNCS][LN_LOOP_DTYPES];
-static char loop_types[LN_NGUFUNCS][LN_LOOP_DTYPES * 7];
+static char loop_types[LN_NGUFUNCS][LN_LOOP_DTYPES * 8];
 static PyUFuncGenericFunction loop_funcs[LN_NGUFUNCS][LN_LOOP_DTYPES];
 static const ln_dtype loop_dtypes[LN_LOOP_DTYPES] = {LN_F16, LN_F32, LN_F64};
 
@@ -134,6 +147,8 @@ static void fill_job(ln_job *job, const ln_gufunc *g, ln_dtype t, char **args,
     job->dtype = t;
     job->n_rows = (size_t)dims[0];
     job->d = (size_t)dims[1];
+    if (g->has_dy)
+        job->dy = loop_operand(args[a], steps[a], core[c++], t), a++;
     job->x = loop_operand(args[a], steps[a], core[c++], t), a++;
     if (g->has_w)
         job->w = loop_operand(args[a], steps[a], core[c++], t), a++;
@@ -181,6 +196,8 @@ static void fill_types(char *types, const ln_gufunc *g, ln_dtype t)
 {
     int n = 0;
     char row = (char)npy_type_of(t), stat = (char)npy_type_of(stats_dtype(t));
+    if (g->has_dy)
+        types[n++] = row;
     types[n++] = row;
     if (g->has_w)
         types[n++] = row;
@@ -208,8 +225,8 @@ static int add_gufuncs(PyObject *m)
         }
         PyObject *uf = PyUFunc_FromFuncAndDataAndSignature(
             loop_funcs[i], loop_data_ptrs[i], loop_types[i], LN_LOOP_DTYPES,
-            gufunc_nin(g), gufunc_nout(g), PyUFunc_None, "layer_norm", g->doc, 0,
-            g->signature);
+            gufunc_nin(g), gufunc_nout(g), PyUFunc_None,
+            g->has_dy ? "layer_norm_backward" : "layer_norm", g->doc, 0, g->signature);
         if (uf == NULL)
             return -1;
         if (PyModule_AddObject(m, g->attr, uf) < 0) {
@@ -421,6 +438,202 @@ fail:
     return NULL;
 }
 
+/* ---- the backward ------------------------------------------------------- */
+
+/* A 2-d float array the kernels can read as is (any strides, native byte
+ * order, aligned or not), or -1. */
+static int rows_operand(PyObject *o, npy_intp n, npy_intp d, ln_operand *op)
+{
+    ln_dtype t;
+    if (!PyArray_Check(o))
+        return -1;
+    PyArrayObject *a = (PyArrayObject *)o;
+    if (PyArray_NDIM(a) != 2 || PyArray_DIM(a, 0) != n || PyArray_DIM(a, 1) != d ||
+        !PyArray_ISNOTSWAPPED(a) || ln_dtype_of(PyArray_TYPE(a), &t) < 0)
+        return -1;
+    *op = (ln_operand){.ptr = PyArray_BYTES(a), .row = PyArray_STRIDE(a, 0),
+                       .col = PyArray_STRIDE(a, 1), .dtype = t};
+    return 0;
+}
+
+/* A 1-d float array of n values (weight, mean), or -1. */
+static int vector_operand(PyObject *o, npy_intp n, ln_operand *op, int per_record)
+{
+    ln_dtype t;
+    if (!PyArray_Check(o))
+        return -1;
+    PyArrayObject *a = (PyArrayObject *)o;
+    if (PyArray_NDIM(a) != 1 || PyArray_DIM(a, 0) != n || !PyArray_ISNOTSWAPPED(a) ||
+        ln_dtype_of(PyArray_TYPE(a), &t) < 0)
+        return -1;
+    npy_intp stride = PyArray_STRIDE(a, 0);
+    *op = (ln_operand){.ptr = PyArray_BYTES(a), .row = per_record ? stride : 0,
+                       .col = per_record ? 0 : stride, .dtype = t};
+    return 0;
+}
+
+/* An accumulator's state as a new (d, LN_ACC_STATE_WORDS) uint64 array. */
+static PyObject *acc_state(ln_acc *acc, size_t d)
+{
+    npy_intp dims[2] = {(npy_intp)d, LN_ACC_STATE_WORDS};
+    PyObject *a = PyArray_SimpleNew(2, dims, NPY_UINT64);
+    if (a != NULL)
+        ln_acc_export(acc, (uint64_t *)PyArray_DATA((PyArrayObject *)a));
+    return a;
+}
+
+/*
+ * _backward(dy, x, weight, eps, mean, sums) -> (dx, dweight_state, dbias_state)
+ *
+ * The LayerNorm backward of records (rows of the 2-d dy and x, any strides
+ * and float dtypes): dx (C-contiguous, of the widest dtype), and, with
+ * sums true, the exact sums over records of dy * xhat and dy as
+ * accumulator states (see _acc_value). weight and mean: None or 1-d.
+ * The Python wrapper validates; anything else here is a TypeError.
+ */
+static PyObject *backward(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 6 || !PyArray_Check(args[1]) || PyArray_NDIM((PyArrayObject *)args[1]) != 2) {
+        PyErr_SetString(PyExc_TypeError, "_backward(dy, x, weight, eps, mean, sums): "
+                                         "expected 2-d arrays");
+        return NULL;
+    }
+    PyArrayObject *x = (PyArrayObject *)args[1];
+    npy_intp n = PyArray_DIM(x, 0), d = PyArray_DIM(x, 1);
+    double eps = PyFloat_AsDouble(args[3]);
+    int want_sums = PyObject_IsTrue(args[5]);
+    if ((eps == -1.0 && PyErr_Occurred()) || want_sums < 0)
+        return NULL;
+    ln_job job;
+    memset(&job, 0, sizeof job);
+    job.op = LN_OP_LAYER_NORM_BACKWARD;
+    job.n_rows = (size_t)n;
+    job.d = (size_t)d;
+    if (rows_operand(args[1], n, d, &job.x) < 0 || rows_operand(args[0], n, d, &job.dy) < 0 ||
+        (args[2] != Py_None && vector_operand(args[2], d, &job.w, 0) < 0) ||
+        (args[4] != Py_None && vector_operand(args[4], n, &job.mean, 1) < 0)) {
+        PyErr_SetString(PyExc_TypeError, "_backward: dy, x: 2-d float arrays of one shape; "
+                                         "weight: None or (d,); mean: None or (rows,)");
+        return NULL;
+    }
+    job.dtype = wider(job.x.dtype, job.dy.dtype);
+    if (job.w.ptr)
+        job.dtype = wider(job.dtype, job.w.dtype);
+    job.eps = (ln_operand){.ptr = (char *)&eps, .dtype = LN_F64};
+
+    npy_intp dims[2] = {n, d};
+    PyObject *dx = PyArray_SimpleNew(2, dims, npy_type_of(job.dtype));
+    if (dx == NULL)
+        return NULL;
+    npy_intp isz = (npy_intp)ln_dtype_size(job.dtype);
+    job.y = (ln_operand){.ptr = PyArray_BYTES((PyArrayObject *)dx), .row = d * isz,
+                         .col = isz, .dtype = job.dtype};
+    ln_acc dw, db;
+    int have_acc = 0;
+    if (want_sums) {
+        if (ln_acc_init(&dw, (size_t)d) != 0) {
+            Py_DECREF(dx);
+            return PyErr_NoMemory();
+        }
+        if (ln_acc_init(&db, (size_t)d) != 0) {
+            ln_acc_free(&dw);
+            Py_DECREF(dx);
+            return PyErr_NoMemory();
+        }
+        have_acc = 1;
+        job.dw = &dw;
+        job.db = &db;
+    }
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ln_batch_run(g_kernels, &job, g_threads);
+    Py_END_ALLOW_THREADS
+    PyObject *res = NULL;
+    if (rc == LN_ENOMEM) {
+        PyErr_SetString(PyExc_MemoryError,
+                        "layer_norm_backward: could not allocate the kernels' scratch rows");
+    } else if (have_acc) {
+        PyObject *sw = acc_state(&dw, (size_t)d), *sb = acc_state(&db, (size_t)d);
+        if (sw && sb)
+            res = Py_BuildValue("(ONN)", dx, sw, sb);
+        else {
+            Py_XDECREF(sw);
+            Py_XDECREF(sb);
+        }
+    } else {
+        res = Py_BuildValue("(OOO)", dx, Py_None, Py_None);
+    }
+    if (have_acc) {
+        ln_acc_free(&dw);
+        ln_acc_free(&db);
+    }
+    Py_DECREF(dx);
+    return res;
+}
+
+/* A state array from Python: C-contiguous uint64 (d, LN_ACC_STATE_WORDS). */
+static int state_arg(PyObject *o, npy_intp *d)
+{
+    if (!PyArray_Check(o) || PyArray_TYPE((PyArrayObject *)o) != NPY_UINT64 ||
+        PyArray_NDIM((PyArrayObject *)o) != 2 ||
+        PyArray_DIM((PyArrayObject *)o, 1) != LN_ACC_STATE_WORDS ||
+        !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)o) ||
+        !PyArray_ISNOTSWAPPED((PyArrayObject *)o)) {
+        PyErr_Format(PyExc_TypeError, "state: expected a C-contiguous uint64 array of shape "
+                     "(d, %d)", LN_ACC_STATE_WORDS);
+        return -1;
+    }
+    *d = PyArray_DIM((PyArrayObject *)o, 0);
+    return 0;
+}
+
+/* _acc_merge(a, b) -> the state of both sums together, exactly. */
+static PyObject *acc_merge(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    npy_intp da, db_;
+    if (nargs != 2 || state_arg(args[0], &da) < 0 || state_arg(args[1], &db_) < 0)
+        return NULL;
+    if (da != db_) {
+        PyErr_SetString(PyExc_ValueError, "state: the two sums have different lengths");
+        return NULL;
+    }
+    ln_acc a, b;
+    if (ln_acc_init(&a, (size_t)da) != 0)
+        return PyErr_NoMemory();
+    if (ln_acc_init(&b, (size_t)da) != 0) {
+        ln_acc_free(&a);
+        return PyErr_NoMemory();
+    }
+    ln_acc_import(&a, PyArray_DATA((PyArrayObject *)args[0]));
+    ln_acc_import(&b, PyArray_DATA((PyArrayObject *)args[1]));
+    ln_acc_merge(&a, &b);
+    PyObject *res = acc_state(&a, (size_t)da);
+    ln_acc_free(&a);
+    ln_acc_free(&b);
+    return res;
+}
+
+/* _acc_value(state, float32) -> the sums as float64, rounded once to
+ * double precision, or (float32 true) to float32 precision. */
+static PyObject *acc_value(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    npy_intp d;
+    if (nargs != 2 || state_arg(args[0], &d) < 0)
+        return NULL;
+    int single = PyObject_IsTrue(args[1]);
+    if (single < 0)
+        return NULL;
+    ln_acc a;
+    if (ln_acc_init(&a, (size_t)d) != 0)
+        return PyErr_NoMemory();
+    ln_acc_import(&a, PyArray_DATA((PyArrayObject *)args[0]));
+    PyObject *out = PyArray_SimpleNew(1, &d, NPY_DOUBLE);
+    if (out != NULL)
+        ln_acc_value(&a, (double *)PyArray_DATA((PyArrayObject *)out), single ? 24 : 53);
+    ln_acc_free(&a);
+    return out;
+}
+
 /* ---- settings ---------------------------------------------------------- */
 
 static PyObject *get_isa(PyObject *self, PyObject *noargs)
@@ -499,6 +712,12 @@ static PyMethodDef core_methods[] = {
     {"_fast", (PyCFunction)(void (*)(void))fast_layer_norm, METH_FASTCALL,
      "_fast(x, weight, bias, eps, out, return_stats): the common case of "
      "layer_norm, or NotImplemented."},
+    {"_backward", (PyCFunction)(void (*)(void))backward, METH_FASTCALL,
+     "_backward(dy, x, weight, eps, mean, sums) -> (dx, dweight_state, dbias_state)."},
+    {"_acc_merge", (PyCFunction)(void (*)(void))acc_merge, METH_FASTCALL,
+     "_acc_merge(a, b) -> the state of both exact sums together."},
+    {"_acc_value", (PyCFunction)(void (*)(void))acc_value, METH_FASTCALL,
+     "_acc_value(state, float32) -> the exact sums rounded once (float64 array)."},
     {"get_isa", get_isa, METH_NOARGS, "get_isa() -> str: the instruction-set level in use."},
     {"set_isa", set_isa, METH_O,
      "set_isa(name): use the 'scalar', 'portable', 'avx2' or 'avx512' kernels."},
@@ -536,7 +755,8 @@ PyMODINIT_FUNC PyInit__core(void)
      * bounds and the docs; never needed to use the library. */
     if (add_gufuncs(m) < 0 || PyModule_AddIntConstant(m, "MAX_THREADS", LN_MAX_THREADS) < 0 ||
         PyModule_AddIntConstant(m, "LANES", LN_LANES) < 0 ||
-        PyModule_AddIntConstant(m, "BLOCK", LN_BLOCK) < 0) {
+        PyModule_AddIntConstant(m, "BLOCK", LN_BLOCK) < 0 ||
+        PyModule_AddIntConstant(m, "ACC_WORDS", LN_ACC_STATE_WORDS) < 0) {
         Py_DECREF(m);
         return NULL;
     }

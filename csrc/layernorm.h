@@ -23,6 +23,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "ln_accum.h"
 #include "ln_contract.h"
 
 /* Storage types of array elements. */
@@ -48,8 +49,9 @@ typedef struct {
 
 /* The ops. */
 typedef enum {
-    LN_OP_LAYER_NORM = 0, /* x, [weight], [bias], eps -> y, [mean, var] */
-    LN_NOPS = 1
+    LN_OP_LAYER_NORM = 0,          /* x, [weight], [bias], eps -> y, [mean, var] */
+    LN_OP_LAYER_NORM_BACKWARD = 1, /* dy, x, [weight], eps, [mean] -> dx, [dweight, dbias] */
+    LN_NOPS = 2
 } ln_op;
 
 /*
@@ -62,10 +64,13 @@ typedef struct {
     ln_dtype dtype;
     size_t n_rows, d;
     ln_operand x;       /* input rows */
+    ln_operand dy;      /* backward: the gradient of the output, rows like x */
     ln_operand w, b;    /* gain and bias: per feature (row stride 0) or per record */
     ln_operand eps;     /* one double per record (col unused) */
-    ln_operand y;       /* output rows, of `dtype` */
-    ln_operand mean, var; /* per-record statistics out (col unused); may be absent */
+    ln_operand y;       /* output rows (y, or dx for the backward), of `dtype` */
+    ln_operand mean, var; /* per-record statistics (col unused), may be absent:
+                           * written by the forward; the backward reads mean */
+    ln_acc *dw, *db;    /* backward: the sums over records, or NULL */
 } ln_job;
 
 /* Statistics of one record, in double. */
@@ -82,11 +87,15 @@ typedef struct {
     size_t n, d;
     const void *x;
     ptrdiff_t x_row;      /* bytes between records */
-    void *y;
+    const void *dy;       /* backward: rows like x */
+    ptrdiff_t dy_row;
+    void *y;              /* y, or dx */
     ptrdiff_t y_row;
     const void *w, *b;    /* compute type, contiguous; NULL when absent */
     const double *eps;    /* n values */
+    const double *mean;   /* backward: n given means, or NULL to recompute */
     ln_stats *st;         /* n values, written */
+    ln_acc *dw, *db;      /* backward: this worker's sums, or NULL */
     ln_spare *spare;      /* a spare row for rare paths, allocated on demand */
     int stream;           /* write y with non-temporal stores */
 } ln_rows;

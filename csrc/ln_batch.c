@@ -55,27 +55,91 @@ void *ln_spare_row(ln_spare *s, size_t bytes)
     return s->row;
 }
 
+/* ---- the ops ---------------------------------------------------------- */
+
+/* What each op reads and writes beside its x and y rows. */
+typedef struct {
+    int reads_dy;     /* rows of dy, like x */
+    int writes_stats; /* mean and var out (when given) */
+    int reads_mean;   /* mean in (when given) */
+    int accumulates;  /* sums over records (job->dw, job->db) */
+} ln_op_info;
+
+static const ln_op_info op_info[LN_NOPS] = {
+    [LN_OP_LAYER_NORM] = {.writes_stats = 1},
+    [LN_OP_LAYER_NORM_BACKWARD] = {.reads_dy = 1, .reads_mean = 1, .accumulates = 1},
+};
+
 /* ---- one worker ------------------------------------------------------- */
 
-/* A scratch row per staged operand, and the parameters shared by all rows
- * (row stride 0), staged once. */
+/* A scratch row per staged operand, the parameters shared by all rows
+ * (row stride 0) staged once, and the worker's own sums over records. */
 typedef struct {
-    void *block;          /* the scratch rows' memory */
-    void *x, *y, *w, *b;  /* scratch rows (d items each) */
+    void *block;              /* the scratch rows' memory */
+    void *x, *dy, *y, *w, *b; /* scratch rows (d items each) */
     const void *w_fixed, *b_fixed;
+    ln_acc dw, db;
+    int has_dw, has_db;
     ln_spare spare;
 } ln_worker;
 
 typedef struct {
     const ln_kernels *k;
     const ln_job *job;
+    const ln_op_info *info;
     ln_kernel kernel;
     ln_dtype ctype;    /* compute dtype of the parameters */
-    int in_place;      /* every x and y row usable in place */
+    int in_place;      /* every x (dy) and y row usable in place */
     int stream;
 } ln_batch_ctx;
 
 static size_t round64(size_t n) { return (n + 63) & ~(size_t)63; }
+
+static void worker_free(ln_worker *wk)
+{
+    if (wk->has_dw)
+        ln_acc_free(&wk->dw);
+    if (wk->has_db)
+        ln_acc_free(&wk->db);
+    free(wk->spare.raw);
+    free(wk->block);
+    free(wk);
+}
+
+/* Scratch rows only for what cannot be used in place: a 1-million feature
+ * float16 record read in place needs no 32 MiB of scratch. */
+static int worker_scratch(ln_worker *wk, const ln_batch_ctx *c)
+{
+    const ln_job *job = c->job;
+    int stage_rows = !c->in_place;
+    int stage_w = job->w.ptr && !(job->w.row == 0 && ln_rows_are_direct(&job->w, c->ctype));
+    int stage_b = job->b.ptr && !(job->b.row == 0 && ln_rows_are_direct(&job->b, c->ctype));
+    size_t row = round64(job->d * 8);
+    size_t n_rows = (size_t)stage_rows * (2 + (size_t)c->info->reads_dy) + (size_t)stage_w +
+                    (size_t)stage_b;
+    if (n_rows == 0)
+        return 0;
+    wk->block = malloc(n_rows * row + 64);
+    if (wk->block == NULL)
+        return -1;
+    char *base = (char *)(((uintptr_t)wk->block + 63) & ~(uintptr_t)63);
+    if (stage_rows) {
+        wk->x = base;
+        wk->y = base + row;
+        base += 2 * row;
+        if (c->info->reads_dy) {
+            wk->dy = base;
+            base += row;
+        }
+    }
+    if (stage_w) {
+        wk->w = base;
+        base += row;
+    }
+    if (stage_b)
+        wk->b = base;
+    return 0;
+}
 
 static int worker_begin(void *vctx, void **state)
 {
@@ -84,32 +148,11 @@ static int worker_begin(void *vctx, void **state)
     ln_worker *wk = calloc(1, sizeof *wk);
     if (wk == NULL)
         return LN_ENOMEM;
-    /* Scratch rows only for what cannot be used in place: a 1-million
-     * feature float16 record read in place needs no 32 MiB of scratch. */
-    int stage_rows = !c->in_place;
-    int stage_w = job->w.ptr && !(job->w.row == 0 && ln_rows_are_direct(&job->w, c->ctype));
-    int stage_b = job->b.ptr && !(job->b.row == 0 && ln_rows_are_direct(&job->b, c->ctype));
-    size_t row = round64(job->d * 8);
-    size_t n_rows = 2 * (size_t)stage_rows + (size_t)stage_w + (size_t)stage_b;
-    if (n_rows > 0) {
-        char *base;
-        wk->block = malloc(n_rows * row + 64);
-        if (wk->block == NULL) {
-            free(wk);
-            return LN_ENOMEM;
-        }
-        base = (char *)(((uintptr_t)wk->block + 63) & ~(uintptr_t)63);
-        if (stage_rows) {
-            wk->x = base;
-            wk->y = base + row;
-            base += 2 * row;
-        }
-        if (stage_w) {
-            wk->w = base;
-            base += row;
-        }
-        if (stage_b)
-            wk->b = base;
+    if (worker_scratch(wk, c) != 0 ||
+        (job->dw && (wk->has_dw = ln_acc_init(&wk->dw, job->d) == 0) == 0) ||
+        (job->db && (wk->has_db = ln_acc_init(&wk->db, job->d) == 0) == 0)) {
+        worker_free(wk);
+        return LN_ENOMEM;
     }
     if (job->w.ptr && job->w.row == 0)
         wk->w_fixed = ln_stage_in(c->k, &job->w, 0, job->d, c->ctype, wk->w);
@@ -119,19 +162,26 @@ static int worker_begin(void *vctx, void **state)
     return LN_OK;
 }
 
+/* The pool calls this one thread at a time: the worker's sums merge into
+ * the job's, exactly (the order of the workers never shows). */
 static int worker_end(void *vctx, void *state)
 {
     const ln_batch_ctx *c = vctx;
     ln_worker *wk = state;
     c->k->store_fence();
-    free(wk->spare.raw);
-    free(wk->block);
-    free(wk);
+    if (wk->has_dw)
+        ln_acc_merge(c->job->dw, &wk->dw);
+    if (wk->has_db)
+        ln_acc_merge(c->job->db, &wk->db);
+    worker_free(wk);
     return LN_OK;
 }
 
-static void store_stats(const ln_job *job, size_t r, const ln_stats *st)
+static void store_stats(const ln_batch_ctx *c, size_t r, const ln_stats *st)
 {
+    const ln_job *job = c->job;
+    if (!c->info->writes_stats)
+        return;
     if (job->mean.ptr)
         ln_write_scalar(&job->mean, r, st->mean);
     if (job->var.ptr)
@@ -140,24 +190,43 @@ static void store_stats(const ln_job *job, size_t r, const ln_stats *st)
 
 static int worse(int a, int b) { return a > b ? a : b; }
 
-/* Records [r, r + n) in place: x and y rows direct, parameters fixed. */
+/* The rows handed to the kernel: the op's common fields. */
+static ln_rows rows_of(const ln_batch_ctx *c, ln_worker *wk, size_t n, ln_stats *st,
+                       double *eps, double *mean)
+{
+    ln_rows rows = {
+        .n = n, .d = c->job->d,
+        .w = wk->w_fixed, .b = wk->b_fixed,
+        .eps = eps, .st = st, .spare = &wk->spare, .stream = c->stream,
+        .mean = c->info->reads_mean && c->job->mean.ptr ? mean : NULL,
+        .dw = wk->has_dw ? &wk->dw : NULL, .db = wk->has_db ? &wk->db : NULL,
+    };
+    return rows;
+}
+
+/* Records [r, r + n) in place: x (dy) and y rows direct, parameters fixed. */
 static int run_in_place(const ln_batch_ctx *c, ln_worker *wk, size_t r, size_t n)
 {
     const ln_job *job = c->job;
     ln_stats st[LN_CALL_ROWS];
-    double eps[LN_CALL_ROWS];
-    for (size_t k = 0; k < n; k++)
+    double eps[LN_CALL_ROWS], mean[LN_CALL_ROWS];
+    for (size_t k = 0; k < n; k++) {
         eps[k] = ln_read_scalar(&job->eps, r + k);
-    ln_rows rows = {
-        .n = n, .d = job->d,
-        .x = job->x.ptr + (ptrdiff_t)r * job->x.row, .x_row = job->x.row,
-        .y = job->y.ptr + (ptrdiff_t)r * job->y.row, .y_row = job->y.row,
-        .w = wk->w_fixed, .b = wk->b_fixed,
-        .eps = eps, .st = st, .spare = &wk->spare, .stream = c->stream,
-    };
+        if (c->info->reads_mean && job->mean.ptr)
+            mean[k] = ln_read_scalar(&job->mean, r + k);
+    }
+    ln_rows rows = rows_of(c, wk, n, st, eps, mean);
+    rows.x = job->x.ptr + (ptrdiff_t)r * job->x.row;
+    rows.x_row = job->x.row;
+    rows.y = job->y.ptr + (ptrdiff_t)r * job->y.row;
+    rows.y_row = job->y.row;
+    if (c->info->reads_dy) {
+        rows.dy = job->dy.ptr + (ptrdiff_t)r * job->dy.row;
+        rows.dy_row = job->dy.row;
+    }
     int status = c->kernel(&rows);
     for (size_t k = 0; k < n; k++)
-        store_stats(job, r + k, &st[k]);
+        store_stats(c, r + k, &st[k]);
     return status;
 }
 
@@ -167,16 +236,16 @@ static int run_staged(const ln_batch_ctx *c, ln_worker *wk, size_t r)
     const ln_job *job = c->job;
     size_t d = job->d;
     ln_stats st;
-    double eps = ln_read_scalar(&job->eps, r);
+    double eps = ln_read_scalar(&job->eps, r), mean = 0.0;
+    if (c->info->reads_mean && job->mean.ptr)
+        mean = ln_read_scalar(&job->mean, r);
     int direct_y = ln_row_is_direct(&job->y, r, job->dtype);
-    ln_rows rows = {
-        .n = 1, .d = d,
-        .x = ln_stage_in(c->k, &job->x, r, d, job->dtype, wk->x),
-        .y = direct_y ? job->y.ptr + (ptrdiff_t)r * job->y.row : wk->y,
-        .w = wk->w_fixed, .b = wk->b_fixed,
-        .eps = &eps, .st = &st, .spare = &wk->spare,
-        .stream = c->stream && direct_y,
-    };
+    ln_rows rows = rows_of(c, wk, 1, &st, &eps, &mean);
+    rows.x = ln_stage_in(c->k, &job->x, r, d, job->dtype, wk->x);
+    rows.y = direct_y ? job->y.ptr + (ptrdiff_t)r * job->y.row : wk->y;
+    rows.stream = c->stream && direct_y;
+    if (c->info->reads_dy)
+        rows.dy = ln_stage_in(c->k, &job->dy, r, d, job->dtype, wk->dy);
     if (job->w.ptr && !wk->w_fixed)
         rows.w = ln_stage_in(c->k, &job->w, r, d, c->ctype, wk->w);
     if (job->b.ptr && !wk->b_fixed)
@@ -184,7 +253,7 @@ static int run_staged(const ln_batch_ctx *c, ln_worker *wk, size_t r)
     int status = c->kernel(&rows);
     if (!direct_y)
         ln_stage_out(wk->y, &job->y, r, d);
-    store_stats(job, r, &st);
+    store_stats(c, r, &st);
     return status;
 }
 
@@ -227,13 +296,16 @@ int ln_batch_run(const ln_kernels *k, const ln_job *job, int n_threads)
     if (job->n_rows == 0 || job->d == 0)
         return LN_OK;
     size_t row_bytes = job->d * ln_dtype_size(job->dtype);
+    const ln_op_info *info = &op_info[job->op];
     ln_batch_ctx c = {
         .k = k,
         .job = job,
+        .info = info,
         .kernel = k->op[job->op][job->dtype],
         .ctype = ln_compute_dtype(job->dtype),
         .in_place = ln_rows_are_direct(&job->x, job->dtype) &&
-                    ln_rows_are_direct(&job->y, job->dtype),
+                    ln_rows_are_direct(&job->y, job->dtype) &&
+                    (!info->reads_dy || ln_rows_are_direct(&job->dy, job->dtype)),
         .stream = job->n_rows * row_bytes >= LN_STREAM_MIN_BYTES,
     };
     ln_task task = {

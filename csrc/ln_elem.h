@@ -41,6 +41,26 @@ static inline LN_T LN_FN(affine)(LN_T v, const LN_P *w, const LN_P *b, size_t i)
     return v;
 }
 
+/* The backward (ln_contract.h, 6): g = dy * weight, rounded once (dy when
+ * there is no gain) ... */
+static inline LN_T LN_FN(gain_grad)(LN_T dy, const LN_P *w, size_t i)
+{
+    return w ? dy * (LN_T)w[i] : dy;
+}
+
+/* ... acc + g * t, rounded once (the sum of g * (x - m0)) ... */
+static inline LN_T LN_FN(add_product)(LN_T acc, LN_T g, LN_T t)
+{
+    return LN_FMA(g, t, acc);
+}
+
+/* ... and the gradient of one input, (g - a - xhat * b) * r with
+ * a = mean(g) and b = mean(g * xhat): fma(-xhat, b, g - a) * r. */
+static inline LN_T LN_FN(grad_input)(LN_T g, LN_T xh, LN_T a, LN_T bm, LN_T r)
+{
+    return LN_FMA(-xh, bm, g - a) * r;
+}
+
 /* End of a block: block lanes into the double total lanes, then clear. */
 static inline void LN_FN(flush)(double total[LN_LANES], LN_T lane[LN_LANES])
 {

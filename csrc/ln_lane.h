@@ -21,16 +21,16 @@
  * A whole row of LN_LANES elements at p: levels that convert a row at a
  * time (LN_LOAD_ROW, x86 for float16) fill a row buffer first, others
  * load element j where it is used (GCC then keeps the lanes in registers).
- * LN_ROW_BEGIN(p) opens a row, LN_ROW(p, j) is its element j.
+ * LN_ROW_DECL(name, p) opens a row, LN_ROW_GET(name, p, j) is its element j.
  */
-#undef LN_ROW_BEGIN
-#undef LN_ROW
+#undef LN_ROW_DECL
+#undef LN_ROW_GET
 #if defined(LN_LOAD_ROW)
-#define LN_ROW_BEGIN(p) LN_T row_[LN_LANES]; LN_LOAD_ROW(row_, (p))
-#define LN_ROW(p, j) row_[j]
+#define LN_ROW_DECL(name, p) LN_T name[LN_LANES]; LN_LOAD_ROW(name, (p))
+#define LN_ROW_GET(name, p, j) name[j]
 #else
-#define LN_ROW_BEGIN(p) (void)0
-#define LN_ROW(p, j) LN_LOAD((p) + (j))
+#define LN_ROW_DECL(name, p) (void)0
+#define LN_ROW_GET(name, p, j) LN_LOAD((p) + (j))
 #endif
 
 /* Records of at most LN_SHORT features take the short path: all of
@@ -127,9 +127,9 @@ static double LN_FN(sum_shifted)(const LN_S *x, size_t d, LN_T shift)
         size_t end = d - i > LN_BLOCK ? i + LN_BLOCK : d;
         LN_T lane[LN_LANES] = {0};
         for (; i + LN_LANES <= end; i += LN_LANES) {
-            LN_ROW_BEGIN(x + i);
+            LN_ROW_DECL(xr_, x + i);
             for (size_t j = 0; j < LN_LANES; j++)
-                lane[j] += LN_ROW(x + i, j) - shift;
+                lane[j] += LN_ROW_GET(xr_, x + i, j) - shift;
         }
         for (size_t j = 0; i + j < end; j++)
             lane[j] += LN_LOAD(x + i + j) - shift;
@@ -149,9 +149,9 @@ static double LN_FN(sum_squares)(const LN_S *x, size_t d, LN_T hi, LN_T lo)
         size_t end = d - i > LN_BLOCK ? i + LN_BLOCK : d;
         LN_T lane[LN_LANES] = {0};
         for (; i + LN_LANES <= end; i += LN_LANES) {
-            LN_ROW_BEGIN(x + i);
+            LN_ROW_DECL(xr_, x + i);
             for (size_t j = 0; j < LN_LANES; j++)
-                lane[j] = LN_FN(add_square)(lane[j], LN_FN(center)(LN_ROW(x + i, j), hi, lo));
+                lane[j] = LN_FN(add_square)(lane[j], LN_FN(center)(LN_ROW_GET(xr_, x + i, j), hi, lo));
         }
         for (size_t j = 0; i + j < end; j++)
             lane[j] = LN_FN(add_square)(lane[j],
@@ -173,7 +173,7 @@ LN_ALWAYS_INLINE void LN_FN(apply_tail)(const LN_S *x, LN_S *y, size_t i0, size_
 
 /* The output of element j of the row at i. */
 #define LN_OUT(j) \
-    LN_FN(affine)(LN_FN(normalize)(LN_ROW(x + i, j), hi, r, c), w, b, i + (j))
+    LN_FN(affine)(LN_FN(normalize)(LN_ROW_GET(xr_, x + i, j), hi, r, c), w, b, i + (j))
 
 /* Whole rows from i0, then the tail. The rows are stored plainly, by the
  * level's LN_STORE_ROW, or streamed (LN_STREAM_STORE). Instantiated once
@@ -185,7 +185,7 @@ LN_ALWAYS_INLINE void LN_FN(apply_rows)(const LN_S *x, LN_S *y, size_t i0, size_
 {
     size_t i = i0;
     for (; i + LN_LANES <= d; i += LN_LANES) {
-        LN_ROW_BEGIN(x + i);
+        LN_ROW_DECL(xr_, x + i);
 #if defined(LN_STREAM_STORE) || defined(LN_STORE_ROW)
         LN_T v[LN_LANES];
         for (size_t j = 0; j < LN_LANES; j++)
@@ -278,10 +278,145 @@ static inline void LN_FN(widen)(const void *src, void *dst, size_t n)
     LN_T *t = dst;
     size_t i = 0;
     for (; i + LN_LANES <= n; i += LN_LANES) {
-        LN_ROW_BEGIN(x + i);
+        LN_ROW_DECL(xr_, x + i);
         for (size_t j = 0; j < LN_LANES; j++)
-            t[i + j] = LN_ROW(x + i, j);
+            t[i + j] = LN_ROW_GET(xr_, x + i, j);
     }
     for (; i < n; i++)
         t[i] = LN_LOAD(x + i);
+}
+
+/* ---- the backward ---------------------------------------------------- */
+
+/* The four sums of ln_back_sums in lane form (the order of ln_ref.h). */
+static void LN_FN(back_sums)(const LN_S *x, const LN_S *dy, const LN_P *restrict w,
+                             size_t d, LN_T m0, ln_back_sums *s)
+{
+    double tot[4][LN_LANES] = {{0}};
+    LN_T mdy[LN_LANES] = {0}, mt[LN_LANES] = {0};
+    for (size_t i = 0; i < d;) {
+        size_t end = d - i > LN_BLOCK ? i + LN_BLOCK : d;
+        LN_T l0[LN_LANES] = {0}, l1[LN_LANES] = {0}, l2[LN_LANES] = {0}, l3[LN_LANES] = {0};
+        for (; i + LN_LANES <= end; i += LN_LANES) {
+            LN_ROW_DECL(xr_, x + i);
+            LN_ROW_DECL(dr_, dy + i);
+            for (size_t j = 0; j < LN_LANES; j++) {
+                LN_T t = LN_ROW_GET(xr_, x + i, j) - m0, dyv = LN_ROW_GET(dr_, dy + i, j);
+                LN_T g = LN_FN(gain_grad)(dyv, w, i + j);
+                l0[j] += t;
+                l1[j] = LN_FN(add_square)(l1[j], t);
+                l2[j] += g;
+                l3[j] = LN_FN(add_product)(l3[j], g, t);
+                LN_T ad = dyv < 0 ? -dyv : dyv, at = t < 0 ? -t : t;
+                mdy[j] = ad > mdy[j] ? ad : mdy[j];
+                mt[j] = at > mt[j] ? at : mt[j];
+            }
+        }
+        for (size_t j = 0; i + j < end; j++) {
+            LN_T t = LN_LOAD(x + i + j) - m0, dyv = LN_LOAD(dy + i + j);
+            LN_T g = LN_FN(gain_grad)(dyv, w, i + j);
+            l0[j] += t;
+            l1[j] = LN_FN(add_square)(l1[j], t);
+            l2[j] += g;
+            l3[j] = LN_FN(add_product)(l3[j], g, t);
+            LN_T ad = dyv < 0 ? -dyv : dyv, at = t < 0 ? -t : t;
+            mdy[j] = ad > mdy[j] ? ad : mdy[j];
+            mt[j] = at > mt[j] ? at : mt[j];
+        }
+        i = end;
+        LN_FN(flush)(tot[0], l0);
+        LN_FN(flush)(tot[1], l1);
+        LN_FN(flush)(tot[2], l2);
+        LN_FN(flush)(tot[3], l3);
+    }
+    s->st = ln_tree_sum(tot[0]);
+    s->stt = ln_tree_sum(tot[1]);
+    s->g = ln_tree_sum(tot[2]);
+    s->gt = ln_tree_sum(tot[3]);
+    s->max_dy = s->max_t = 0;
+    for (size_t j = 0; j < LN_LANES; j++) {
+        s->max_dy = mdy[j] > s->max_dy ? mdy[j] : s->max_dy;
+        s->max_t = mt[j] > s->max_t ? mt[j] : s->max_t;
+    }
+}
+
+/* dx of the elements [i0, i1), with the terms dy * xhat and dy deposited
+ * into the level sums (path LN_DEPOSIT_3 or _2; sums NULL: no deposit). */
+LN_ALWAYS_INLINE void LN_FN(back_span)(const LN_S *x, const LN_S *dy, LN_S *dx, size_t i0,
+                                       size_t i1, const LN_P *restrict w, LN_T hi, LN_T r,
+                                       LN_T c, LN_T a, LN_T bm, uint64_t *restrict w0,
+                                       uint64_t *restrict w1, uint64_t *restrict w2,
+                                       uint64_t *restrict b0, uint64_t *restrict b1,
+                                       uint64_t *restrict b2, int path)
+{
+    for (size_t i = i0; i < i1; i++) {
+        LN_T xh = LN_FN(normalize)(LN_LOAD(x + i), hi, r, c);
+        LN_T dyv = LN_LOAD(dy + i);
+        LN_STORE(dx + i, LN_FN(grad_input)(LN_FN(gain_grad)(dyv, w, i), xh, a, bm, r));
+        if (w1 && path == LN_DEPOSIT_3)
+            ln_deposit3(w0, w1, w2, i, (double)dyv * (double)xh);
+        else if (w1)
+            ln_deposit2(w1, w2, i, (double)dyv * (double)xh);
+        if (b1 && path == LN_DEPOSIT_3)
+            ln_deposit3(b0, b1, b2, i, (double)dyv);
+        else if (b1)
+            ln_deposit2(b1, b2, i, (double)dyv);
+    }
+}
+
+/* The same over whole rows of LN_LANES (converted a row at a time where
+ * the level does), then the tail. */
+LN_ALWAYS_INLINE void LN_FN(back_rows)(const LN_S *x, const LN_S *dy, LN_S *dx, size_t d,
+                                       const LN_P *restrict w, LN_T hi, LN_T r, LN_T c,
+                                       LN_T a, LN_T bm, uint64_t *restrict w0,
+                                       uint64_t *restrict w1, uint64_t *restrict w2,
+                                       uint64_t *restrict b0, uint64_t *restrict b1,
+                                       uint64_t *restrict b2, int path)
+{
+    size_t i = 0;
+#if defined(LN_LOAD_ROW)
+    for (; i + LN_LANES <= d; i += LN_LANES) {
+        LN_ROW_DECL(xr_, x + i);
+        LN_ROW_DECL(dr_, dy + i);
+        LN_T v[LN_LANES];
+        for (size_t j = 0; j < LN_LANES; j++) {
+            LN_T xh = LN_FN(normalize)(LN_ROW_GET(xr_, x + i, j), hi, r, c);
+            LN_T dyv = LN_ROW_GET(dr_, dy + i, j);
+            v[j] = LN_FN(grad_input)(LN_FN(gain_grad)(dyv, w, i + j), xh, a, bm, r);
+            if (w1 && path == LN_DEPOSIT_3)
+                ln_deposit3(w0, w1, w2, i + j, (double)dyv * (double)xh);
+            else if (w1)
+                ln_deposit2(w1, w2, i + j, (double)dyv * (double)xh);
+            if (b1 && path == LN_DEPOSIT_3)
+                ln_deposit3(b0, b1, b2, i + j, (double)dyv);
+            else if (b1)
+                ln_deposit2(b1, b2, i + j, (double)dyv);
+        }
+        LN_STORE_ROW(dx + i, v);
+    }
+#endif
+    LN_FN(back_span)(x, dy, dx, i, d, w, hi, r, c, a, bm, w0, w1, w2, b0, b1, b2, path);
+}
+
+/* dx, and the record's terms deposited into dw and db (either may be
+ * NULL); path is LN_DEPOSIT_3 or LN_DEPOSIT_2 (the scalar path is the
+ * record kernel's). One copy per combination, so each loop is branch-free. */
+static void LN_FN(back_apply)(const LN_S *x, const LN_S *dy, LN_S *dx, size_t d,
+                              const LN_P *restrict w, LN_T hi, LN_T r, LN_T c, LN_T a,
+                              LN_T bm, ln_acc *dw, ln_acc *db, int path)
+{
+    uint64_t *w0 = dw ? dw->sum[0] : NULL, *w1 = dw ? dw->sum[1] : NULL;
+    uint64_t *w2 = dw ? dw->sum[2] : NULL;
+    uint64_t *b0 = db ? db->sum[0] : NULL, *b1 = db ? db->sum[1] : NULL;
+    uint64_t *b2 = db ? db->sum[2] : NULL;
+    if (dw && db && path == LN_DEPOSIT_3)
+        LN_FN(back_rows)(x, dy, dx, d, w, hi, r, c, a, bm, w0, w1, w2, b0, b1, b2, LN_DEPOSIT_3);
+    else if (dw && db)
+        LN_FN(back_rows)(x, dy, dx, d, w, hi, r, c, a, bm, NULL, w1, w2, NULL, b1, b2,
+                         LN_DEPOSIT_2);
+    else if (dw || db)
+        LN_FN(back_rows)(x, dy, dx, d, w, hi, r, c, a, bm, w0, w1, w2, b0, b1, b2, path);
+    else
+        LN_FN(back_rows)(x, dy, dx, d, w, hi, r, c, a, bm, NULL, NULL, NULL, NULL, NULL, NULL,
+                         path);
 }

@@ -156,6 +156,12 @@ const ln_kernels LN_LEVEL_TABLE = {
             [LN_F32] = layer_norm_f32,
             [LN_F64] = layer_norm_f64,
         },
+        [LN_OP_LAYER_NORM_BACKWARD] = {
+            [LN_F16] = layer_norm_backward_f16,
+            [LN_BF16] = layer_norm_backward_bf16,
+            [LN_F32] = layer_norm_backward_f32,
+            [LN_F64] = layer_norm_backward_f64,
+        },
     },
     .widen = {
         [LN_F16] = {[LN_F32] = widen_f16, [LN_F64] = widen_f16_wide},

@@ -186,3 +186,116 @@ static int LN_OPS(layer_norm)(const ln_rows *r)
     }
     return status;
 }
+
+/* ---- the LayerNorm backward ------------------------------------------- */
+
+/* The core instance's compute type. */
+#if defined(LN_WIDE)
+#define LN_CT float
+#else
+#define LN_CT double
+#endif
+
+/* The mean the forward returns for record x, rounded to the statistics
+ * dtype (float32 for float-computed records): the backward's shift m0
+ * when the caller gives no mean, so that giving the forward's mean changes
+ * no bit. */
+static int LN_OPS(forward_mean)(const LN_S *x, size_t d, ln_spare *spare, double *m0)
+{
+    ln_stats st;
+#if defined(LN_WIDE)
+    (void)spare;
+    LN_OPS(ln_stats)(x, d, &st);
+    *m0 = (double)(float)st.mean;
+    return LN_OK;
+#else
+    int rc = LN_OPS(ln_stats_scaled)(x, d, &st, spare);
+    *m0 = st.mean;
+    return rc;
+#endif
+}
+
+#if !defined(LN_WIDE)
+/* The backward of a float64 record whose squares leave the double range,
+ * at its power-of-two scale s: xhat does not change, dx is s times the
+ * scaled record's. */
+static int LN_OPS(back_scaled)(const ln_rows *r, const LN_S *x, const LN_S *dy, LN_S *dx,
+                               double m0, double eps, ln_acc *dw, ln_acc *db)
+{
+    size_t d = r->d;
+    double s = LN_OPS(record_scale)(x, d);
+    const LN_S *xs = LN_OPS(scaled_row)(x, d, s, r->spare);
+    if (xs == NULL)
+        return LN_ENOMEM;
+    ln_back_sums sums;
+    ln_back_coef c;
+    LN_CORE(back_sums)(xs, dy, r->w, d, (LN_CT)(m0 * s), &sums);
+    if (!ln_back_coef_of(&sums, m0 * s, d, eps * s * s, &c)) {
+        LN_CORE(back_nan)(xs, dy, dx, d, &c, dw, db, !isfinite(sums.st + sums.stt));
+        return LN_OK;
+    }
+    LN_CORE(back_output)(xs, dy, dx, d, r->w, &c, dw, db, LN_DEPOSIT_SCALAR);
+    for (size_t i = 0; i < d; i++)
+        dx[i] = dx[i] * s;
+    return LN_OK;
+}
+#endif
+
+/* The backward of record k: dx, and its terms into r->dw and r->db. */
+static int LN_OPS(back_record)(const ln_rows *r, size_t k)
+{
+    size_t d = r->d;
+    const LN_S *x = (const LN_S *)((const char *)r->x + (ptrdiff_t)k * r->x_row);
+    const LN_S *dy = (const LN_S *)((const char *)r->dy + (ptrdiff_t)k * r->dy_row);
+    LN_S *dx = (LN_S *)((char *)r->y + (ptrdiff_t)k * r->y_row);
+    double eps = r->eps[k], m0;
+    if (!ln_eps_is_valid(eps)) {
+        LN_CORE(fill_nan)(dx, d);
+        return LN_EBADEPS;
+    }
+    if (r->mean) {
+        m0 = (double)(LN_CT)r->mean[k];
+    } else if (LN_OPS(forward_mean)(x, d, r->spare, &m0) != LN_OK) {
+        return LN_ENOMEM;
+    }
+    ln_back_sums sums;
+    ln_back_coef c;
+    LN_CORE(back_sums)(x, dy, r->w, d, (LN_CT)m0, &sums);
+    int ok = ln_back_coef_of(&sums, m0, d, eps, &c);
+#if defined(LN_WIDE)
+    if (ok && !LN_OPS(fits_float)(c.var, c.rstd)) {
+        /* Out of the float lanes' range: the same formulas in double. */
+        LN_WIDE(back_sums)(x, dy, r->w, d, m0, &sums);
+        if (!ln_back_coef_of(&sums, m0, d, eps, &c)) {
+            LN_WIDE(back_nan)(x, dy, dx, d, &c, r->dw, r->db, !isfinite(sums.st + sums.stt));
+            return LN_OK;
+        }
+        LN_WIDE(back_output)(x, dy, dx, d, r->w, &c, r->dw, r->db, LN_DEPOSIT_SCALAR);
+        return LN_OK;
+    }
+#else
+    if (ok && !(isfinite(c.mean) && c.var >= LN_F64_VAR_MIN && c.var <= DBL_MAX))
+        return LN_OPS(back_scaled)(r, x, dy, dx, m0, eps, r->dw, r->db);
+#endif
+    if (!ok) {
+        LN_CORE(back_nan)(x, dy, dx, d, &c, r->dw, r->db, !isfinite(sums.st + sums.stt));
+        return LN_OK;
+    }
+    int path = ln_deposit_path(&sums, &c);
+    LN_CORE(back_output)(x, dy, dx, d, r->w, &c, r->dw, r->db, path);
+    return LN_OK;
+}
+
+/* The LayerNorm backward of r->n records. */
+static int LN_OPS(layer_norm_backward)(const ln_rows *r)
+{
+    int status = LN_OK;
+    for (size_t k = 0; k < r->n; k++) {
+        int rc = LN_OPS(back_record)(r, k);
+        if (rc == LN_ENOMEM)
+            return rc;
+        status = status > rc ? status : rc;
+    }
+    return status;
+}
+#undef LN_CT

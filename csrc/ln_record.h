@@ -30,3 +30,51 @@ static inline void LN_FN(fill_nan)(LN_S *y, size_t d)
     for (size_t i = 0; i < d; i++)
         LN_STORE(y + i, (LN_T)NAN);
 }
+
+/* The record's terms dy * xhat and dy, one by one (the scalar path: NaN,
+ * infinite and huge terms). x_nan: xhat is NaN (x is not finite). */
+static void LN_FN(back_deposit)(const LN_S *x, const LN_S *dy, size_t d,
+                                const ln_back_coef *c, ln_acc *dw, ln_acc *db, int x_nan)
+{
+    LN_T hi = (LN_T)c->mean, r = (LN_T)c->rstd;
+    LN_T off = LN_FN(offset)((LN_T)(c->mean - (double)hi), r);
+    for (size_t i = 0; i < d; i++) {
+        LN_T dyv = LN_LOAD(dy + i);
+        if (dw) {
+            LN_T xh = x_nan ? (LN_T)NAN : LN_FN(normalize)(LN_LOAD(x + i), hi, r, off);
+            ln_acc_deposit_one(dw, i, (double)dyv * (double)xh);
+        }
+        if (db)
+            ln_acc_deposit_one(db, i, (double)dyv);
+    }
+}
+
+/* A record whose dx is NaN (written as the canonical NaN), its terms
+ * deposited one by one. */
+static void LN_FN(back_nan)(const LN_S *x, const LN_S *dy, LN_S *dx, size_t d,
+                            const ln_back_coef *c, ln_acc *dw, ln_acc *db, int x_nan)
+{
+    LN_FN(fill_nan)(dx, d);
+    LN_FN(back_deposit)(x, dy, d, c, dw, db, x_nan);
+}
+
+/* dx from the coefficients, and the terms deposited by `path`. */
+static void LN_FN(back_output)(const LN_S *x, const LN_S *dy, LN_S *dx, size_t d,
+                               const LN_P *w, const ln_back_coef *c, ln_acc *dw, ln_acc *db,
+                               int path)
+{
+    LN_T hi = (LN_T)c->mean, r = (LN_T)c->rstd;
+    LN_T off = LN_FN(offset)((LN_T)(c->mean - (double)hi), r);
+    LN_T a = (LN_T)c->a, bm = (LN_T)c->bm;
+    if (path == LN_DEPOSIT_SCALAR) {
+        LN_FN(back_apply)(x, dy, dx, d, w, hi, r, off, a, bm, NULL, NULL, path);
+        LN_FN(back_deposit)(x, dy, d, c, dw, db, 0);
+        return;
+    }
+    LN_FN(back_apply)(x, dy, dx, d, w, hi, r, off, a, bm, dw, db, path);
+    int levels = path == LN_DEPOSIT_3 ? 3 : 2;
+    if (dw)
+        ln_acc_counted(dw, levels);
+    if (db)
+        ln_acc_counted(db, levels);
+}

@@ -53,3 +53,55 @@ static inline void LN_FN(widen)(const void *src, void *dst, size_t n)
     for (size_t i = 0; i < n; i++)
         t[i] = LN_LOAD(s + i);
 }
+
+/* ---- the backward ---------------------------------------------------- */
+
+/* The four sums of ln_back_sums, each in the contract's order. */
+static void LN_FN(back_sums)(const LN_S *x, const LN_S *dy, const LN_P *w, size_t d,
+                             LN_T m0, ln_back_sums *s)
+{
+    double total[4][LN_LANES] = {{0}};
+    LN_T lane[4][LN_LANES] = {{0}};
+    LN_T max_dy = 0, max_t = 0;
+    for (size_t i = 0; i < d; i++) {
+        size_t j = i % LN_LANES;
+        LN_T t = LN_LOAD(x + i) - m0, dyv = LN_LOAD(dy + i);
+        LN_T g = LN_FN(gain_grad)(dyv, w, i);
+        lane[0][j] += t;
+        lane[1][j] = LN_FN(add_square)(lane[1][j], t);
+        lane[2][j] += g;
+        lane[3][j] = LN_FN(add_product)(lane[3][j], g, t);
+        max_dy = fabs((double)dyv) > max_dy ? (LN_T)fabs((double)dyv) : max_dy;
+        max_t = fabs((double)t) > max_t ? (LN_T)fabs((double)t) : max_t;
+        if ((i + 1) % LN_BLOCK == 0 || i + 1 == d)
+            for (int q = 0; q < 4; q++)
+                LN_FN(flush)(total[q], lane[q]);
+    }
+    s->st = ln_tree_sum(total[0]);
+    s->stt = ln_tree_sum(total[1]);
+    s->g = ln_tree_sum(total[2]);
+    s->gt = ln_tree_sum(total[3]);
+    s->max_dy = max_dy;
+    s->max_t = max_t;
+}
+
+/* dx, and the record's terms dy * xhat and dy deposited into the level
+ * sums of dw and db (path LN_DEPOSIT_3 or _2; NULL: no deposit). */
+static void LN_FN(back_apply)(const LN_S *x, const LN_S *dy, LN_S *dx, size_t d,
+                              const LN_P *w, LN_T hi, LN_T r, LN_T c, LN_T a, LN_T bm,
+                              ln_acc *dw, ln_acc *db, int path)
+{
+    for (size_t i = 0; i < d; i++) {
+        LN_T xh = LN_FN(normalize)(LN_LOAD(x + i), hi, r, c);
+        LN_T dyv = LN_LOAD(dy + i);
+        LN_STORE(dx + i, LN_FN(grad_input)(LN_FN(gain_grad)(dyv, w, i), xh, a, bm, r));
+        if (dw && path == LN_DEPOSIT_3)
+            ln_deposit3(dw->sum[0], dw->sum[1], dw->sum[2], i, (double)dyv * (double)xh);
+        else if (dw)
+            ln_deposit2(dw->sum[1], dw->sum[2], i, (double)dyv * (double)xh);
+        if (db && path == LN_DEPOSIT_3)
+            ln_deposit3(db->sum[0], db->sum[1], db->sum[2], i, (double)dyv);
+        else if (db)
+            ln_deposit2(db->sum[1], db->sum[2], i, (double)dyv);
+    }
+}

@@ -114,6 +114,83 @@ static inline float ln_double_to_float_odd(double v)
     return ln_bits_float(ln_float_bits(f) | 1u);
 }
 
+/* The backward's sums over one record (t = x - m0, g = dy * weight): sum
+ * of t, of t^2, of g and of g * t in the contract's order, and the largest
+ * |dy| and |t| (which only choose how the terms are deposited). */
+typedef struct {
+    double st, stt, g, gt;
+    double max_dy, max_t;
+} ln_back_sums;
+
+/* How a record's parameter-gradient terms are deposited: all three levels,
+ * the lower two (every term below LN_ACC_SMALL), or one by one (a huge or
+ * non-finite term). Every way gives the same sums. */
+enum { LN_DEPOSIT_3 = 0, LN_DEPOSIT_2 = 1, LN_DEPOSIT_SCALAR = 2 };
+
+/* A record's backward statistics and coefficients, in double: its mean
+ * and variance refined from the sums around the shift m0 (exact enough
+ * whatever the offset, since m0 is within a float of the mean),
+ * rstd = 1/sqrt(var + eps), a = mean(g), bm = mean(g * xhat). */
+typedef struct {
+    double mean, var, rstd, a, bm, md;
+} ln_back_coef;
+
+/* The coefficients (ln_contract.h, item 10); 1 if the record is finite,
+ * 0 if its x is not (or it is constant with eps = 0: 0/0), -1 if only its
+ * dy (or dy * weight) is not. */
+static inline int ln_back_coef_of(const ln_back_sums *s, double m0, size_t d, double eps,
+                                  ln_back_coef *c)
+{
+    double md = s->st / (double)d;
+    double var = s->stt / (double)d - md * md;
+    c->md = md;
+    c->mean = m0 + md;
+    c->var = var > 0.0 ? var : 0.0;
+    c->rstd = ln_inverse_std(c->var, eps);
+    c->a = s->g / (double)d;
+    c->bm = c->rstd * (s->gt - md * s->g) / (double)d;
+    if (!isfinite(s->st + s->stt) || !isfinite(c->mean) || c->rstd > DBL_MAX)
+        return 0;
+    return isfinite(s->g + s->gt) ? 1 : -1;
+}
+
+/* The deposit path of a record from bounds on its terms |dy| and
+ * |dy * xhat| (|xhat| <= (max|x - m0| + |mean - m0|) * rstd; 1% for the
+ * roundings of the float formulas). */
+static inline int ln_deposit_path(const ln_back_sums *s, const ln_back_coef *c)
+{
+    double xh = (s->max_t + fabs(c->md)) * c->rstd * 1.01 + 1.0;
+    double term = s->max_dy * xh;
+    if (s->max_dy < LN_ACC_SMALL && term < LN_ACC_SMALL)
+        return LN_DEPOSIT_2;
+    if (s->max_dy < LN_ACC_LIMIT && term < LN_ACC_LIMIT)
+        return LN_DEPOSIT_3;
+    return LN_DEPOSIT_SCALAR;
+}
+
+/* The levels of a term, vector path: round(v / grid) into each level's
+ * bits sum (see ln_accum.h). */
+LN_ALWAYS_INLINE void ln_deposit3(uint64_t *restrict s0, uint64_t *restrict s1,
+                                  uint64_t *restrict s2, size_t i, double v)
+{
+    double t = v + LN_ACC_C0;
+    s0[i] += ln_acc_bits(t);
+    v = v - (t - LN_ACC_C0);
+    t = v + LN_ACC_C1;
+    s1[i] += ln_acc_bits(t);
+    v = v - (t - LN_ACC_C1);
+    s2[i] += ln_acc_bits(v + LN_ACC_C2);
+}
+
+LN_ALWAYS_INLINE void ln_deposit2(uint64_t *restrict s1, uint64_t *restrict s2, size_t i,
+                                  double v)
+{
+    double t = v + LN_ACC_C1;
+    s1[i] += ln_acc_bits(t);
+    v = v - (t - LN_ACC_C1);
+    s2[i] += ln_acc_bits(v + LN_ACC_C2);
+}
+
 /* A spare row of `bytes` bytes (64-byte aligned) for the rare paths of a
  * record kernel, allocated on first use per worker (ln_batch.c); NULL if
  * memory cannot be had. */

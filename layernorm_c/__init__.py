@@ -8,6 +8,8 @@ root, optional gain (``weight``) and bias of the normalized shape (2d
 parameters with both; either may be absent).
 """
 from ._api import LayerNormResult, layer_norm, layer_norm_ufunc
+from ._backward import ExactSum, LayerNormGrads, layer_norm_backward, layer_norm_backward_ufunc
+from ._layer import LayerNorm
 from ._reference import ReferenceResult, reference_layer_norm
 from ._settings import (
     MAX_THREADS,
@@ -25,6 +27,11 @@ __all__ = [
     "layer_norm",
     "layer_norm_ufunc",
     "LayerNormResult",
+    "layer_norm_backward",
+    "layer_norm_backward_ufunc",
+    "LayerNormGrads",
+    "ExactSum",
+    "LayerNorm",
     "reference_layer_norm",
     "ReferenceResult",
     "get_isa",
