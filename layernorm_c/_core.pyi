@@ -2,9 +2,10 @@
 
 Use the public wrappers in :mod:`layernorm_c` instead of this module.
 """
-from typing import Any, Tuple
+from typing import Any, Optional, Tuple
 
 import numpy as np
+from numpy.typing import NDArray
 
 # The public gufunc, signature (n),(n),(n),()->(n): x, weight, bias, eps -> y.
 layer_norm: np.ufunc
@@ -21,6 +22,20 @@ _ln_none: np.ufunc  # (n),()->(n),(),(): x, eps -> y, mean, var
 # out None or a matching C-contiguous array, a bool return_stats): y, or
 # (y, mean, var) if return_stats; NotImplemented for anything else.
 def _fast(x: Any, weight: Any, bias: Any, eps: Any, out: Any, return_stats: Any, /) -> Any: ...
+
+# dx of the LayerNorm backward per record, (n),(n),(n),()->(n): dy, x, weight, eps -> dx.
+layer_norm_backward: np.ufunc
+
+# The backward of 2-d records: (dx, dweight_state, dbias_state); the states
+# are exact sums (uint64 arrays (d, ACC_WORDS)) or None when sums is false.
+def _backward(dy: Any, x: Any, weight: Any, eps: float, mean: Any, sums: bool, /) -> Tuple[
+    NDArray[Any], Optional[NDArray[np.uint64]], Optional[NDArray[np.uint64]]]: ...
+# Two exact-sum states merged, exactly.
+def _acc_merge(a: NDArray[np.uint64], b: NDArray[np.uint64], /) -> NDArray[np.uint64]: ...
+# An exact-sum state rounded once (to float32 precision when float32 is true).
+def _acc_value(state: NDArray[np.uint64], float32: bool, /) -> NDArray[np.float64]: ...
+# The words of an exact-sum state per feature.
+ACC_WORDS: int
 
 # The largest thread count set_num_threads accepts.
 MAX_THREADS: int

@@ -30,7 +30,7 @@ this module, inside the package, imports both).
 """
 # pytest_layernorm_c is a top-level module, which a py.typed marker cannot
 # cover (PEP 561); it is annotated and checked with the package's tests.
-from pytest_layernorm_c import (  # type: ignore[import-untyped]
+from pytest_layernorm_c import (  # type: ignore[import-untyped, unused-ignore]
     FIXTURE,
     MARKER,
     layer_norm_audit,
