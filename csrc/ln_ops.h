@@ -230,7 +230,7 @@ static int LN_OPS(back_scaled)(const ln_rows *r, const LN_S *x, const LN_S *dy, 
     ln_back_sums sums;
     ln_back_coef c;
     LN_CORE(back_sums)(xs, dy, r->w, d, (LN_CT)(m0 * s), &sums);
-    if (!ln_back_coef_of(&sums, m0 * s, d, eps * s * s, &c)) {
+    if (ln_back_coef_of(&sums, m0 * s, d, eps * s * s, &c) != 1) {
         LN_CORE(back_nan)(xs, dy, dx, d, &c, dw, db, !isfinite(sums.st + sums.stt));
         return LN_OK;
     }
@@ -261,12 +261,12 @@ static int LN_OPS(back_record)(const ln_rows *r, size_t k)
     ln_back_sums sums;
     ln_back_coef c;
     LN_CORE(back_sums)(x, dy, r->w, d, (LN_CT)m0, &sums);
-    int ok = ln_back_coef_of(&sums, m0, d, eps, &c);
+    int ok = ln_back_coef_of(&sums, m0, d, eps, &c) == 1;
 #if defined(LN_WIDE)
     if (ok && !LN_OPS(fits_float)(c.var, c.rstd)) {
         /* Out of the float lanes' range: the same formulas in double. */
         LN_WIDE(back_sums)(x, dy, r->w, d, m0, &sums);
-        if (!ln_back_coef_of(&sums, m0, d, eps, &c)) {
+        if (ln_back_coef_of(&sums, m0, d, eps, &c) != 1) {
             LN_WIDE(back_nan)(x, dy, dx, d, &c, r->dw, r->db, !isfinite(sums.st + sums.stt));
             return LN_OK;
         }

@@ -1,0 +1,371 @@
+"""The LayerNorm backward pass: against a float64 reference, its
+invariants, finite differences, torch and JAX; bit-for-bit reproducibility
+of dx and of the exact parameter-gradient sums; errors; the gufunc."""
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+from hypothesis.extra import numpy as hnp
+
+import layernorm_c as lnc
+from core_strategies import FLOAT_DTYPES, F16, F32, F64, LAYOUTS, assert_same_bits, kernel_settings
+
+
+def ref_backward(dy, x, w=None, eps=1e-5, axis=-1):
+    """The textbook backward in float64 (mean and var as constants of the
+    chain rule, written out)."""
+    x = np.asarray(x, np.float64)
+    dy = np.asarray(dy, np.float64)
+    axes = (axis,) if np.ndim(axis) == 0 else tuple(axis)
+    axes = tuple(sorted(a % x.ndim for a in axes))
+    mu = x.mean(axis=axes, keepdims=True)
+    var = ((x - mu) ** 2).mean(axis=axes, keepdims=True)
+    r = 1.0 / np.sqrt(var + eps)
+    xh = (x - mu) * r
+    shape = [x.shape[i] if i in axes else 1 for i in range(x.ndim)]
+    g = dy if w is None else dy * np.asarray(w, np.float64).reshape(shape)
+    dx = r * (g - g.mean(axis=axes, keepdims=True) - xh * (g * xh).mean(axis=axes, keepdims=True))
+    lead = tuple(i for i in range(x.ndim) if i not in axes)
+    return dx, (dy * xh).sum(axis=lead), dy.sum(axis=lead)
+
+
+TOL = {F16: 4e-3, F32: 1e-5, F64: 1e-11}
+
+
+@st.composite
+def backward_problems(draw):
+    dtype = np.dtype(draw(st.sampled_from(FLOAT_DTYPES)))
+    n = draw(st.integers(1, 6))
+    d = draw(st.integers(1, 300))
+    seed = draw(st.integers(0, 2**32 - 1))
+    rng = np.random.default_rng(seed)
+    offset = draw(st.sampled_from([0.0, 1.0, -50.0, 1e3]))
+    scale = draw(st.sampled_from([1.0, 1e-2, 30.0]))
+    if dtype == F16:
+        offset, scale = min(offset, 50.0), min(scale, 4.0)
+    x = (offset + scale * rng.standard_normal((n, d))).astype(dtype)
+    dy = rng.standard_normal((n, d)).astype(dtype)
+    w = draw(st.sampled_from([None, "w"]))
+    w = None if w is None else rng.uniform(-2, 2, d).astype(dtype)
+    eps = draw(st.sampled_from([1e-5, 1e-3, 0.5]))
+    return x, dy, w, eps
+
+
+@given(backward_problems())
+def test_matches_the_float64_reference(p):
+    x, dy, w, eps = p
+    g = lnc.layer_norm_backward(dy, x, w, eps)
+    dx, dw, db = ref_backward(dy, x, w, eps)
+    t = TOL[x.dtype]
+    scale = max(1.0, float(np.abs(dx).max()))
+    assert g.dx.dtype == x.dtype and g.dx.shape == x.shape
+    assert g.dweight.dtype == (F64 if x.dtype == F64 else F32)
+    np.testing.assert_allclose(g.dx, dx, rtol=0, atol=t * scale * 4)
+    np.testing.assert_allclose(g.dweight, dw, rtol=t, atol=t * (1 + np.abs(dw).max()))
+    # dbias = sum(dy) exactly, rounded once
+    np.testing.assert_allclose(g.dbias, db, rtol=1e-6 if x.dtype != F64 else 1e-14, atol=1e-6)
+
+
+@pytest.mark.parametrize("offset", [0.0, 1e2, 1e3, 1e4])
+@pytest.mark.parametrize("d", [7, 768, 4096, 65536])
+def test_float32_dx_accurate_at_large_offsets(offset, d):
+    """The issue's target: float32 dx within 1e-5 of max|dx| for rows
+    N(offset, 1), offsets up to 1e4, d up to 65536."""
+    rng = np.random.default_rng(d)
+    n = max(1, 4096 // d)
+    x = (offset + rng.standard_normal((n, d))).astype(np.float32)
+    dy = rng.standard_normal((n, d)).astype(np.float32)
+    w = rng.uniform(0.5, 2, d).astype(np.float32)
+    g = lnc.layer_norm_backward(dy, x, w)
+    dx, dw, _ = ref_backward(dy, x, w)
+    assert np.abs(g.dx - dx).max() <= 1e-5 * np.abs(dx).max()
+    assert np.abs(g.dweight - dw).max() <= 1e-5 * np.abs(dw).max()
+
+
+def test_float64_accuracy():
+    rng = np.random.default_rng(5)
+    x = 1e4 + rng.standard_normal((64, 1000))
+    dy = rng.standard_normal(x.shape)
+    g = lnc.layer_norm_backward(dy, x)
+    dx, dw, db = ref_backward(dy, x)
+    assert np.abs(g.dx - dx).max() <= 1e-11 * np.abs(dx).max()
+    assert np.abs(g.dweight - dw).max() <= 1e-11 * np.abs(dw).max()
+
+
+@given(backward_problems())
+def test_invariants(p):
+    """sum(dx) = 0 for every record; sum(dx * xhat) = rstd * sum(g * xhat) *
+    eps / (var + eps) (0 with eps = 0)."""
+    x, dy, w, eps = p
+    x = x.astype(np.float64)
+    dy = dy.astype(np.float64)
+    g = lnc.layer_norm_backward(dy, x, w, eps)
+    mu = x.mean(-1, keepdims=True)
+    var = ((x - mu) ** 2).mean(-1, keepdims=True)
+    r = 1 / np.sqrt(var + eps)
+    xh = (x - mu) * r
+    gg = dy if w is None else dy * w.astype(np.float64)
+    scale = np.abs(gg).sum(-1) * r[:, 0] + 1e-300
+    assert np.all(np.abs(g.dx.sum(-1)) <= 1e-10 * scale * math.sqrt(x.shape[-1]) + 1e-300)
+    want = r[:, 0] * (gg * xh).sum(-1) * eps / (var[:, 0] + eps)
+    got = (g.dx * xh).sum(-1)
+    assert np.all(np.abs(got - want) <= 1e-9 * scale * math.sqrt(x.shape[-1]))
+
+
+@pytest.mark.parametrize("eps", [0.0, 1e-5])
+def test_eps_zero_invariant_with_unit_gain(eps):
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((8, 33))
+    dy = rng.standard_normal((8, 33))
+    g = lnc.layer_norm_backward(dy, x, np.ones(33), eps)
+    xh = lnc.reference_layer_norm(x, eps=eps).y
+    if eps == 0.0:
+        np.testing.assert_allclose((g.dx * xh).sum(-1), 0, atol=1e-12)
+    np.testing.assert_allclose(g.dx.sum(-1), 0, atol=1e-12)
+
+
+def test_matches_central_finite_differences():
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((3, 9)) * 2 + 1
+    w = rng.uniform(0.5, 2, 9)
+    b = rng.standard_normal(9)
+    dy = rng.standard_normal(x.shape)
+
+    def loss(x_, w_, b_):
+        return float((lnc.layer_norm(x_, w_, b_, 1e-3) * dy).sum())
+
+    g = lnc.layer_norm_backward(dy, x, w, 1e-3)
+    h = 1e-6
+    for name, arr, got in (("x", x, g.dx), ("w", w, g.dweight), ("b", b, g.dbias)):
+        num = np.zeros_like(arr)
+        for i in np.ndindex(arr.shape):
+            up, dn = arr.copy(), arr.copy()
+            up[i] += h
+            dn[i] -= h
+            args = {"x": (x, w, b), "w": (x, w, b), "b": (x, w, b)}[name]
+            a_up = [up if nm == name else v for nm, v in zip("xwb", args)]
+            a_dn = [dn if nm == name else v for nm, v in zip("xwb", args)]
+            num[i] = (loss(*a_up) - loss(*a_dn)) / (2 * h)
+        np.testing.assert_allclose(got, num, rtol=1e-6, atol=1e-7, err_msg=name)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_matches_torch_autograd(dtype):
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal((4, 5, 48)) * 3 + 2).astype(dtype)
+    dy = rng.standard_normal(x.shape).astype(dtype)
+    w = rng.uniform(0.5, 2, 48).astype(dtype)
+    b = rng.standard_normal(48).astype(dtype)
+    xt = torch.from_numpy(x.copy()).requires_grad_()
+    wt = torch.from_numpy(w.copy()).requires_grad_()
+    bt = torch.from_numpy(b.copy()).requires_grad_()
+    torch.nn.functional.layer_norm(xt, (48,), wt, bt, 1e-5).backward(torch.from_numpy(dy))
+    g = lnc.layer_norm_backward(dy, x, w)
+    tol = 1e-5 if dtype == np.float32 else 1e-12
+    np.testing.assert_allclose(g.dx, xt.grad.numpy(), atol=tol * 10)
+    np.testing.assert_allclose(g.dweight, wt.grad.numpy(), atol=tol * 100)
+    np.testing.assert_allclose(g.dbias, bt.grad.numpy(), atol=tol * 100)
+
+
+def test_matches_jax_vjp():
+    jax = pytest.importorskip("jax")
+    jnp = pytest.importorskip("jax.numpy")
+    jax.config.update("jax_enable_x64", True)
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((6, 40)) * 2 + 1
+    dy = rng.standard_normal(x.shape)
+    w = rng.uniform(0.5, 2, 40)
+
+    def f(x_, w_):
+        mu = x_.mean(-1, keepdims=True)
+        var = ((x_ - mu) ** 2).mean(-1, keepdims=True)
+        return (x_ - mu) / jnp.sqrt(var + 1e-5) * w_
+
+    _, vjp = jax.vjp(f, jnp.asarray(x), jnp.asarray(w))
+    dx, dw = vjp(jnp.asarray(dy))
+    g = lnc.layer_norm_backward(dy, x, w)
+    np.testing.assert_allclose(g.dx, np.asarray(dx), atol=1e-12)
+    np.testing.assert_allclose(g.dweight, np.asarray(dw), atol=1e-11)
+
+
+# ------------------------------------------------------------ reproducibility
+
+def _batch(dtype, n=2048, d=256, seed=7):
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((n, d)) * 2 + 5).astype(dtype)
+    dy = rng.standard_normal((n, d)).astype(dtype)
+    w = rng.uniform(0.5, 2, d).astype(dtype)
+    return x, dy, w
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+def test_bit_identical_across_levels_and_threads(dtype, restore_settings):
+    x, dy, w = _batch(dtype)
+    want = None
+    for isa in lnc.supported_isas():
+        for threads in (1, 2, 3):
+            lnc.set_isa(isa)
+            lnc.set_num_threads(threads)
+            g = lnc.layer_norm_backward(dy, x, w)
+            if want is None:
+                want = g
+                continue
+            for name, a, b in zip(g._fields, g, want):
+                assert_same_bits(a, b, f"{name} ({isa}, {threads} threads)")
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+def test_parameter_gradients_do_not_depend_on_record_order(dtype):
+    """The moonshot: permute the records (rows of x and dy together):
+    dweight and dbias keep their bits; each record's dx moves with it."""
+    x, dy, w = _batch(dtype, n=777, d=100)
+    want = lnc.layer_norm_backward(dy, x, w)
+    for seed in range(3):
+        p = np.random.default_rng(seed).permutation(len(x))
+        g = lnc.layer_norm_backward(dy[p], x[p], w)
+        assert_same_bits(g.dweight, want.dweight, "dweight")
+        assert_same_bits(g.dbias, want.dbias, "dbias")
+        assert_same_bits(g.dx, want.dx[p], "dx")
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_bit_identical_in_every_layout(layout):
+    x, dy, w = _batch(np.float32, n=64, d=96)
+    want = lnc.layer_norm_backward(dy, x, w)
+    g = lnc.layer_norm_backward(LAYOUTS[layout](dy), LAYOUTS[layout](x), w)
+    for name, a, b in zip(g._fields, g, want):
+        assert_same_bits(np.ascontiguousarray(a), b, f"{name} ({layout})")
+
+
+def test_a_record_alone_or_in_a_batch():
+    x, dy, w = _batch(np.float32, n=50, d=130)
+    full = lnc.layer_norm_backward(dy, x, w)
+    for i in (0, 17, 49):
+        one = lnc.layer_norm_backward(dy[i:i + 1], x[i:i + 1], w)
+        assert_same_bits(one.dx[0], full.dx[i], f"dx[{i}]")
+
+
+def test_chunks_merge_exactly():
+    """Sums of parts (any split, any order) are the whole's sum, bit for bit."""
+    x, dy, w = _batch(np.float64, n=300, d=40)
+    whole = lnc.layer_norm_backward(dy, x, w)
+    from layernorm_c._backward import _backward_parts
+    parts = [slice(0, 7), slice(150, 300), slice(7, 150)]
+    sw = sb = None
+    for s in parts:
+        _, a, b, _ = _backward_parts(dy[s], x[s], w, 1e-5, -1, None, None)
+        sw = a if sw is None else sw + a
+        sb = b if sb is None else b + sb
+    assert_same_bits(sw.value(np.float64), whole.dweight, "dweight")
+    assert_same_bits(sb.value(np.float64), whole.dbias, "dbias")
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+def test_given_mean_gives_the_same_bits(dtype):
+    x, dy, w = _batch(dtype, n=40, d=300)
+    x = x + np.asarray(1e3 if dtype != F16 else 10, dtype)
+    fwd = lnc.layer_norm(x, w, return_stats=True)
+    a = lnc.layer_norm_backward(dy, x, w)
+    b = lnc.layer_norm_backward(dy, x, w, mean=fwd.mean, var=fwd.var)
+    c = lnc.layer_norm_backward(dy, x, w, mean=fwd.mean[:, None])
+    for g in (b, c):
+        for name, u, v in zip(g._fields, g, a):
+            assert_same_bits(u, v, name)
+
+
+# ------------------------------------------------------------ exact sums
+
+def test_exact_sum_is_the_correctly_rounded_sum():
+    from fractions import Fraction
+    rng = np.random.default_rng(9)
+    terms = rng.standard_normal((1000, 3)) * 10.0 ** rng.integers(-8, 8, (1000, 1))
+    dy = terms
+    x = np.zeros_like(terms)
+    x[:, 0] = 1  # any x: dbias is sum(dy) whatever it is
+    g = lnc.layer_norm_backward(dy, x + np.arange(3), eps=1.0)
+    for j in range(3):
+        exact = sum(Fraction(float(t)) for t in dy[:, j])
+        assert g.dbias[j] == float(exact)
+
+
+def test_exact_sum_non_finite_terms():
+    x = np.random.default_rng(0).standard_normal((5, 4))
+    dy = np.ones_like(x)
+    dy[2, 1] = np.inf
+    dy[3, 2] = np.nan
+    dy[0, 3], dy[1, 3] = np.inf, -np.inf
+    g = lnc.layer_norm_backward(dy, x)
+    assert g.dbias[0] == 5.0 and g.dbias[1] == np.inf
+    assert np.isnan(g.dbias[2]) and np.isnan(g.dbias[3])
+    # a non-finite dy makes its record's dx NaN (canonical)
+    assert np.isnan(g.dx[2]).all() and np.isfinite(g.dx[4]).all()
+
+
+def test_exact_sum_huge_terms():
+    x = np.array([[0.0, 1.0], [0.0, 1.0]])
+    dy = np.array([[1e30, 1.0], [-1e30, 2.0]])
+    g = lnc.layer_norm_backward(dy, x)
+    assert g.dbias[0] == 0.0 and g.dbias[1] == 3.0
+
+
+# ------------------------------------------------------------ errors, ufunc
+
+def test_errors_name_the_argument():
+    x = np.zeros((2, 4))
+    with pytest.raises(ValueError, match=r"^dy: expected shape \(2, 4\) \(the shape of x\)"):
+        lnc.layer_norm_backward(np.zeros((2, 3)), x)
+    with pytest.raises(ValueError, match=r"^mean: expected shape \(2,\)"):
+        lnc.layer_norm_backward(x, x, mean=np.zeros(3))
+    with pytest.raises(ValueError, match=r"^var: expected shape \(2,\)"):
+        lnc.layer_norm_backward(x, x, var=np.zeros((2, 2)))
+    with pytest.raises(ValueError, match=r"^weight: expected shape \(4,\)"):
+        lnc.layer_norm_backward(x, x, np.ones(3))
+    with pytest.raises(ValueError, match=r"^eps: expected a finite number >= 0"):
+        lnc.layer_norm_backward(x, x, eps=-1.0)
+    with pytest.raises(TypeError, match=r"^dy: expected a real array"):
+        lnc.layer_norm_backward(x.astype(complex), x)
+    with pytest.raises(TypeError, match=r"^x: expected array_like, got None"):
+        lnc.layer_norm_backward(x, None)
+
+
+def test_inputs_are_not_modified():
+    x, dy, w = _batch(np.float32, n=20, d=50)
+    copies = [a.copy() for a in (x, dy, w)]
+    lnc.layer_norm_backward(dy, x, w)
+    for a, c in zip((x, dy, w), copies):
+        assert_same_bits(a, c)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+def test_ufunc_gives_dx(dtype):
+    x, dy, w = _batch(dtype, n=30, d=70)
+    want = lnc.layer_norm_backward(dy, x, w).dx
+    got = lnc.layer_norm_backward_ufunc(dy, x, w, 1e-5)
+    assert_same_bits(got, want)
+    assert_same_bits(lnc.layer_norm_backward_ufunc(dy.T, x.T, w, 1e-5, axes=[0, 0, 0, (), 0]),
+                     want.T)
+
+
+@pytest.mark.parametrize("axis", [0, 1, (1, 2), (0, 2)])
+def test_axes(axis):
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((3, 4, 5))
+    dy = rng.standard_normal(x.shape)
+    axes = (axis,) if np.ndim(axis) == 0 else axis
+    w = rng.uniform(0.5, 2, tuple(x.shape[a] for a in axes))
+    g = lnc.layer_norm_backward(dy, x, w, axis=axis)
+    dx, dw, db = ref_backward(dy, x, w, axis=axis)
+    np.testing.assert_allclose(g.dx, dx, atol=1e-12)
+    np.testing.assert_allclose(g.dweight, dw, atol=1e-12)
+    np.testing.assert_allclose(g.dbias, db, atol=1e-12)
+
+
+def test_mixed_dtypes_promote():
+    x, dy, w = _batch(np.float32, n=10, d=20)
+    g = lnc.layer_norm_backward(dy, x, w.astype(np.float64))
+    assert g.dx.dtype == np.float64 and g.dweight.dtype == np.float64
+    want = lnc.layer_norm_backward(dy.astype(np.float64), x.astype(np.float64),
+                                   w.astype(np.float64))
+    assert_same_bits(g.dx, want.dx)
