@@ -88,6 +88,7 @@ void ln_acc_deposit_one(ln_acc *a, size_t j, double v)
 
 void ln_acc_merge(ln_acc *dst, ln_acc *src)
 {
+    dst->plain |= src->plain;
     ln_acc_spill(src);
     for (size_t j = 0; j < dst->d; j++) {
         for (int l = 0; l < LN_ACC_LEVELS; l++)
@@ -203,7 +204,7 @@ void ln_acc_value(ln_acc *a, double *out, int bits)
             out[j] = INFINITY;
         else if (f & LN_ACC_NINF)
             out[j] = -INFINITY;
-        else if (f & LN_ACC_HUGE)
+        else if ((f & LN_ACC_HUGE) || a->plain)
             out[j] = exact_value(a, j, 53) + a->huge[j];
         else
             out[j] = exact_value(a, j, bits);

@@ -72,6 +72,8 @@ typedef struct {
     uint8_t *flags;                    /* d: LN_ACC_* of the scalar path */
     double *huge;                      /* d: plain sum of finite terms >= LN_ACC_LIMIT */
     void *block;                       /* the memory of all of the above */
+    int plain;                         /* benchmark baseline only: plain float64
+                                        * sums in `huge`, in record order */
 } ln_acc;
 
 /* Allocate and zero (0, or -1 without memory); free. */

@@ -347,12 +347,17 @@ LN_ALWAYS_INLINE void LN_FN(back_span)(const LN_S *x, const LN_S *dy, LN_S *dx, 
                                        LN_T c, LN_T a, LN_T bm, uint64_t *restrict w0,
                                        uint64_t *restrict w1, uint64_t *restrict w2,
                                        uint64_t *restrict b0, uint64_t *restrict b1,
-                                       uint64_t *restrict b2, int path)
+                                       uint64_t *restrict b2, double *restrict pw,
+                                       double *restrict pb, int path)
 {
     for (size_t i = i0; i < i1; i++) {
         LN_T xh = LN_FN(normalize)(LN_LOAD(x + i), hi, r, c);
         LN_T dyv = LN_LOAD(dy + i);
         LN_STORE(dx + i, LN_FN(grad_input)(LN_FN(gain_grad)(dyv, w, i), xh, a, bm, r));
+        if (pw) { /* the benchmark's plain baseline */
+            pw[i] += (double)dyv * (double)xh;
+            pb[i] += (double)dyv;
+        }
         if (w1 && path == LN_DEPOSIT_3)
             ln_deposit3(w0, w1, w2, i, (double)dyv * (double)xh);
         else if (w1)
@@ -371,7 +376,8 @@ LN_ALWAYS_INLINE void LN_FN(back_rows)(const LN_S *x, const LN_S *dy, LN_S *dx, 
                                        LN_T a, LN_T bm, uint64_t *restrict w0,
                                        uint64_t *restrict w1, uint64_t *restrict w2,
                                        uint64_t *restrict b0, uint64_t *restrict b1,
-                                       uint64_t *restrict b2, int path)
+                                       uint64_t *restrict b2, double *restrict pw,
+                                       double *restrict pb, int path)
 {
     size_t i = 0;
 #if defined(LN_LOAD_ROW)
@@ -383,6 +389,10 @@ LN_ALWAYS_INLINE void LN_FN(back_rows)(const LN_S *x, const LN_S *dy, LN_S *dx, 
             LN_T xh = LN_FN(normalize)(LN_ROW_GET(xr_, x + i, j), hi, r, c);
             LN_T dyv = LN_ROW_GET(dr_, dy + i, j);
             v[j] = LN_FN(grad_input)(LN_FN(gain_grad)(dyv, w, i + j), xh, a, bm, r);
+            if (pw) {
+                pw[i + j] += (double)dyv * (double)xh;
+                pb[i + j] += (double)dyv;
+            }
             if (w1 && path == LN_DEPOSIT_3)
                 ln_deposit3(w0, w1, w2, i + j, (double)dyv * (double)xh);
             else if (w1)
@@ -395,7 +405,8 @@ LN_ALWAYS_INLINE void LN_FN(back_rows)(const LN_S *x, const LN_S *dy, LN_S *dx, 
         LN_STORE_ROW(dx + i, v);
     }
 #endif
-    LN_FN(back_span)(x, dy, dx, i, d, w, hi, r, c, a, bm, w0, w1, w2, b0, b1, b2, path);
+    LN_FN(back_span)(x, dy, dx, i, d, w, hi, r, c, a, bm, w0, w1, w2, b0, b1, b2, pw, pb,
+                     path);
 }
 
 /* dx, and the record's terms deposited into dw and db (either may be
@@ -409,14 +420,19 @@ static void LN_FN(back_apply)(const LN_S *x, const LN_S *dy, LN_S *dx, size_t d,
     uint64_t *w2 = dw ? dw->sum[2] : NULL;
     uint64_t *b0 = db ? db->sum[0] : NULL, *b1 = db ? db->sum[1] : NULL;
     uint64_t *b2 = db ? db->sum[2] : NULL;
-    if (dw && db && path == LN_DEPOSIT_3)
-        LN_FN(back_rows)(x, dy, dx, d, w, hi, r, c, a, bm, w0, w1, w2, b0, b1, b2, LN_DEPOSIT_3);
+    if (path == LN_DEPOSIT_PLAIN && dw && db)
+        LN_FN(back_rows)(x, dy, dx, d, w, hi, r, c, a, bm, NULL, NULL, NULL, NULL, NULL, NULL,
+                         dw->huge, db->huge, path);
+    else if (dw && db && path == LN_DEPOSIT_3)
+        LN_FN(back_rows)(x, dy, dx, d, w, hi, r, c, a, bm, w0, w1, w2, b0, b1, b2, NULL, NULL,
+                         LN_DEPOSIT_3);
     else if (dw && db)
-        LN_FN(back_rows)(x, dy, dx, d, w, hi, r, c, a, bm, NULL, w1, w2, NULL, b1, b2,
-                         LN_DEPOSIT_2);
+        LN_FN(back_rows)(x, dy, dx, d, w, hi, r, c, a, bm, NULL, w1, w2, NULL, b1, b2, NULL,
+                         NULL, LN_DEPOSIT_2);
     else if (dw || db)
-        LN_FN(back_rows)(x, dy, dx, d, w, hi, r, c, a, bm, w0, w1, w2, b0, b1, b2, path);
+        LN_FN(back_rows)(x, dy, dx, d, w, hi, r, c, a, bm, w0, w1, w2, b0, b1, b2, NULL, NULL,
+                         path);
     else
         LN_FN(back_rows)(x, dy, dx, d, w, hi, r, c, a, bm, NULL, NULL, NULL, NULL, NULL, NULL,
-                         path);
+                         NULL, NULL, path);
 }

@@ -281,7 +281,7 @@ static int LN_OPS(back_record)(const ln_rows *r, size_t k)
         LN_CORE(back_nan)(x, dy, dx, d, &c, r->dw, r->db, !isfinite(sums.st + sums.stt));
         return LN_OK;
     }
-    int path = ln_deposit_path(&sums, &c);
+    int path = ln_deposit_path(&sums, &c, r->dw);
     LN_CORE(back_output)(x, dy, dx, d, r->w, &c, r->dw, r->db, path);
     return LN_OK;
 }

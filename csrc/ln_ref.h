@@ -95,11 +95,15 @@ static void LN_FN(back_apply)(const LN_S *x, const LN_S *dy, LN_S *dx, size_t d,
         LN_T xh = LN_FN(normalize)(LN_LOAD(x + i), hi, r, c);
         LN_T dyv = LN_LOAD(dy + i);
         LN_STORE(dx + i, LN_FN(grad_input)(LN_FN(gain_grad)(dyv, w, i), xh, a, bm, r));
-        if (dw && path == LN_DEPOSIT_3)
+        if (dw && path == LN_DEPOSIT_PLAIN)
+            dw->huge[i] += (double)dyv * (double)xh;
+        else if (dw && path == LN_DEPOSIT_3)
             ln_deposit3(dw->sum[0], dw->sum[1], dw->sum[2], i, (double)dyv * (double)xh);
         else if (dw)
             ln_deposit2(dw->sum[1], dw->sum[2], i, (double)dyv * (double)xh);
-        if (db && path == LN_DEPOSIT_3)
+        if (db && path == LN_DEPOSIT_PLAIN)
+            db->huge[i] += (double)dyv;
+        else if (db && path == LN_DEPOSIT_3)
             ln_deposit3(db->sum[0], db->sum[1], db->sum[2], i, (double)dyv);
         else if (db)
             ln_deposit2(db->sum[1], db->sum[2], i, (double)dyv);

@@ -125,7 +125,7 @@ typedef struct {
 /* How a record's parameter-gradient terms are deposited: all three levels,
  * the lower two (every term below LN_ACC_SMALL), or one by one (a huge or
  * non-finite term). Every way gives the same sums. */
-enum { LN_DEPOSIT_3 = 0, LN_DEPOSIT_2 = 1, LN_DEPOSIT_SCALAR = 2 };
+enum { LN_DEPOSIT_3 = 0, LN_DEPOSIT_2 = 1, LN_DEPOSIT_SCALAR = 2, LN_DEPOSIT_PLAIN = 3 };
 
 /* A record's backward statistics and coefficients, in double: its mean
  * and variance refined from the sums around the shift m0 (exact enough
@@ -156,9 +156,13 @@ static inline int ln_back_coef_of(const ln_back_sums *s, double m0, size_t d, do
 
 /* The deposit path of a record from bounds on its terms |dy| and
  * |dy * xhat| (|xhat| <= (max|x - m0| + |mean - m0|) * rstd; 1% for the
- * roundings of the float formulas). */
-static inline int ln_deposit_path(const ln_back_sums *s, const ln_back_coef *c)
+ * roundings of the float formulas). LN_DEPOSIT_PLAIN: the benchmark's
+ * baseline of plain float64 sums (ln_acc.plain), never the library's. */
+static inline int ln_deposit_path(const ln_back_sums *s, const ln_back_coef *c,
+                                  const ln_acc *dw)
 {
+    if (dw && dw->plain)
+        return LN_DEPOSIT_PLAIN;
     double xh = (s->max_t + fabs(c->md)) * c->rstd * 1.01 + 1.0;
     double term = s->max_dy * xh;
     if (s->max_dy < LN_ACC_SMALL && term < LN_ACC_SMALL)
