@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given, strategies as st
 
 import layernorm_c as lnc
-from core_strategies import FLOAT_DTYPES, assert_same_bits
+from cases import FLOAT_DTYPES
+from core_strategies import assert_same_bits
 
 
 def numpy_layer_norm(x, g, b, eps=1e-5, axis=-1):
