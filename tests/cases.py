@@ -138,7 +138,7 @@ def _strided(a, rng=None):
 
 
 def _flipped(a, axes):
-    return np.flip(np.ascontiguousarray(np.flip(a, axes)), axes)
+    return np.flip(np.array(np.flip(a, axes), order="C", copy=True), axes)
 
 
 def _rows_reversed(a, rng=None):
@@ -162,7 +162,7 @@ def _transposed(a, rng=None):
     """Axes in memory in another order: reversed (Fortran-like), or a drawn
     permutation."""
     perm = np.arange(a.ndim)[::-1] if rng is None else rng.permutation(a.ndim)
-    return np.transpose(np.ascontiguousarray(np.transpose(a, perm)), np.argsort(perm))
+    return np.transpose(np.array(np.transpose(a, perm), order="C", copy=True), np.argsort(perm))
 
 
 def byteswapped(a: np.ndarray) -> np.ndarray:

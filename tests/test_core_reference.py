@@ -91,8 +91,8 @@ def _worked_example_atol(example, dtype):
     hand = np.abs(np.array(example.y))
     dtype = result_dtype(np.zeros(0, dtype))
     compute = F32 if dtype == F16 else dtype
-    return (0.5 * 10.0 ** -example.decimals + np.spacing(hand.astype(dtype)) / 2
-            + 4 * np.spacing(hand.astype(compute)))
+    ulp = lambda dt: np.spacing(hand.astype(dt)).astype(np.float64)  # noqa: E731
+    return 0.5 * 10.0 ** -example.decimals + ulp(dtype) / 2 + 4 * ulp(compute)
 
 
 @pytest.mark.parametrize("eps", [0.0, 1e-5])
