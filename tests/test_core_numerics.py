@@ -172,7 +172,7 @@ def test_float32_inputs_near_the_top_of_the_range_give_finite_output():
     with np.errstate(all="ignore"):
         y = lnc.layer_norm(x)
     assert np.all(np.isfinite(y)), f"got {y}"
-    np.testing.assert_allclose(y, want, atol=1e-5)
+    np.testing.assert_allclose(y, want, atol=Y_TOL[F32])
 
 
 # ------------------------------------------------------------ NaN / Inf
@@ -229,7 +229,7 @@ def test_float64_records_whose_squares_leave_the_double_range(scale_exp):
     for isa in lnc.supported_isas():
         with kernel_settings(isa=isa):
             y = lnc.layer_norm(x, eps=0.0)
-        np.testing.assert_allclose(y, want, rtol=1e-12, atol=1e-12, err_msg=isa)
+        np.testing.assert_allclose(y, want, rtol=Y_TOL[F64], atol=Y_TOL[F64], err_msg=isa)
 
 
 def test_float64_statistics_of_huge_records_are_exact_where_representable():
