@@ -58,9 +58,11 @@ SMALL_D = BLOCK + 2 * LANES
 # ---------------------------------------------------------------- tolerances
 # layernorm_c's accuracy contract, which the tests hold it to. It is not
 # layernorm_c.testing.TOLERANCES: the audit judges *other* implementations
-# and tolerates what a reasonable one loses (float16 within 4e-3, e.g. one
-# that rounds to float16 twice); the tests hold layernorm_c to its own,
-# tighter contract (float16 computed in float32 and rounded once: 2e-3).
+# and tolerates what a reasonable one loses (float16 within 4e-3; NumPy's
+# formula run in float16 uses about a third of that on the benchmark's
+# inputs, which the benchmark checks with the audit's table); the tests
+# hold layernorm_c to its own, tighter contract (float16 computed in
+# float32 and rounded once: 2e-3).
 # For every dtype the contract is at least as tight as the audit, so
 # layernorm_c passes its own audit (tests/test_cases.py checks both).
 
