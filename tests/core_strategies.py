@@ -13,16 +13,8 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import layernorm_c as lnc
-
-FLOAT_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
-F16, F32, F64 = FLOAT_DTYPES
-
-#: Tolerance factor T per result dtype for normalized outputs: an element may
-#: be off from the float64 reference by T * (1 + its magnitude), see
-#: assert_matches_reference. float16: a few half ulps (2**-11 ~ 4.9e-4).
-Y_TOL = {F16: 2e-3, F32: 1e-5, F64: 1e-12}
-#: Relative tolerance for the statistics (float32 for float16/float32 input).
-STATS_TOL = {F16: 1e-6, F32: 1e-6, F64: 1e-12}
+from cases import (BLOCK, F16, F32, F64, FLOAT_DTYPES, LANES, SMALL_D, STATS_TOL, Y_TOL,
+                   with_layout)
 
 #: Largest magnitude of generated inputs per dtype. float16 uses its whole
 #: finite range: it is computed in float32 and must never overflow; float32
@@ -83,8 +75,8 @@ def param_arrays(dtype, shape) -> st.SearchStrategy:
 
 eps_values = st.one_of(st.just(1e-5), st.floats(1e-12, 1.0))
 
-#: Feature counts: everything up to a few SIMD blocks plus some large ones.
-feature_counts = st.one_of(st.integers(1, 300), st.sampled_from([768, 1000, 4097]))
+#: Feature counts: everything up to past the first block, plus some large ones.
+feature_counts = st.one_of(st.integers(1, SMALL_D), st.sampled_from([768, 1000, 16 * BLOCK + 1]))
 
 
 class Problem(NamedTuple):
@@ -105,8 +97,8 @@ def problems(draw, dtypes=FLOAT_DTYPES, max_dims=3, mixed_dtypes=True,
     shape = list(draw(hnp.array_shapes(min_dims=1, max_dims=max_dims, max_side=5)))
     ndim = len(shape)
     axes = draw(st.lists(st.integers(0, ndim - 1), min_size=1, max_size=ndim, unique=True))
-    # Make one normalized axis long sometimes, to reach whole 32-lane blocks.
-    long_side = draw(st.integers(1, 80))
+    # Make one normalized axis long sometimes, to reach whole lane rows.
+    long_side = draw(st.integers(1, 2 * LANES + LANES // 2))
     if math.prod(shape) // shape[axes[0]] * long_side <= max_size:
         shape[axes[0]] = long_side
     shape = tuple(shape)
@@ -145,70 +137,6 @@ def random_params(rng: np.random.Generator, dtype, d: int, which: str):
 WB_COMBOS = ("none", "w", "b", "wb")
 
 
-# ---------------------------------------------------------------- layouts
-# Each layout copies a 2-d batch into a new buffer and returns a view with
-# the same logical values but another memory layout.
-
-def _misaligned(a: np.ndarray) -> np.ndarray:
-    """Data at an odd byte address: not aligned even to the item size."""
-    raw = bytearray(a.nbytes + 1)
-    v = np.frombuffer(raw, a.dtype, count=a.size, offset=1).reshape(a.shape)
-    v[...] = a
-    assert not v.flags.aligned or a.dtype.itemsize == 1
-    return v
-
-
-def _odd_offset(a: np.ndarray) -> np.ndarray:
-    """Contiguous, but starting one element into a larger buffer."""
-    buf = np.zeros(a.size + 1, a.dtype)
-    v = buf[1:].reshape(a.shape)
-    v[...] = a
-    return v
-
-
-def _padded_rows(a: np.ndarray) -> np.ndarray:
-    """Rows of a wider buffer, starting at odd element offsets."""
-    n, d = a.shape
-    buf = np.zeros((n, d + 3), a.dtype)
-    v = buf[:, 1:d + 1]
-    v[...] = a
-    return v
-
-
-def _col_strided(a: np.ndarray) -> np.ndarray:
-    n, d = a.shape
-    buf = np.zeros((n, 2 * d), a.dtype)
-    v = buf[:, ::2]
-    v[...] = a
-    return v
-
-
-def _row_strided(a: np.ndarray) -> np.ndarray:
-    n, d = a.shape
-    buf = np.zeros((2 * n, d), a.dtype)
-    v = buf[::2]
-    v[...] = a
-    return v
-
-
-LAYOUTS = {
-    "C": lambda a: np.ascontiguousarray(a).copy(),
-    "fortran": lambda a: np.asfortranarray(a).copy(order="K"),
-    "odd_offset": _odd_offset,
-    "padded_rows": _padded_rows,
-    "misaligned": _misaligned,
-    "col_strided": _col_strided,
-    "row_strided": _row_strided,
-    "rows_reversed": lambda a: a[::-1].copy()[::-1],
-    "cols_reversed": lambda a: a[:, ::-1].copy()[:, ::-1],
-}
-
-
-def layout_1d(name: str, p: Optional[np.ndarray]) -> Optional[np.ndarray]:
-    """The same layout applied to a 1-d parameter (weight or bias)."""
-    return None if p is None else LAYOUTS[name](p[None, :])[0]
-
-
 # ---------------------------------------------------------------- checks
 
 def as_bits(a: np.ndarray) -> np.ndarray:
@@ -236,6 +164,26 @@ def assert_same_result(got, want, what="result"):
     """Bitwise equality of two (y, mean, var) results."""
     for name, g, w in zip(("y", "mean", "var"), got, want):
         assert_same_bits(g, w, f"{what}.{name}")
+
+
+def assert_byte_order_ignored(res, x, weight=None, bias=None, eps=1e-5, axis=-1):
+    """x, then weight and bias, then all three in the other byte order
+    ('>f4' for '<f4'): exactly the bits, and the native dtypes, of the
+    native call's result ``res`` (a layer_norm(..., return_stats=True))."""
+    def swap(a):
+        if a is None:
+            return None
+        swapped = with_layout(a, "byteswapped")
+        assert a.dtype.kind != "f" or not swapped.dtype.isnative, swapped.dtype
+        return swapped
+
+    calls = [("x", (swap(x), weight, bias))]
+    if weight is not None or bias is not None:
+        calls += [("weight and bias", (x, swap(weight), swap(bias))),
+                  ("x, weight and bias", (swap(x), swap(weight), swap(bias)))]
+    for what, args in calls:
+        got = lnc.layer_norm(*args, eps, axis=axis, return_stats=True)
+        assert_same_result(got, res, f"byte-swapped {what}")
 
 
 def _param_view(p, x_shape, axes):

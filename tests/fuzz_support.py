@@ -21,12 +21,16 @@ mean ``m``, variance ``v``, ``rstd = 1/sqrt(v + eps)``, ``z = (x - m) * rstd``::
     + e_mean * rstd * |w|                         error of the mean
     + |z*w| * e_var / (2 (v + eps))               error of the variance
 
-``T`` is the project's tolerance table (float16 2e-3, float32 1e-5,
-float64 1e-12). ``e_mean`` bounds the error of a summed mean: for float64
-``(d/32 + 8) * 2**-52 * max|x|`` (sums in 32 double lanes); for float32 and
-float16, computed in float32, ``64 * 2**-24 * max|x - x[0]| + 2**-46 |m|``
-(float lanes after a shift by the first element, and the two-float split
-of the mean). A record whose variance error could exceed 1% of ``v + eps``
+``T`` is the tests' tolerance table, ``cases.Y_TOL`` (float16 2e-3,
+float32 1e-5, float64 1e-12). ``e_mean`` bounds the error of a summed mean,
+from the kernels' ``LANES`` and ``BLOCK`` (``cases``, as ``_core`` reports
+them): for float64 ``(d/LANES + log2(LANES) + 3) * 2**-52 * max|x|`` (each
+of the LANES double lanes sums d/LANES terms, then a pairwise tree of depth
+log2(LANES) and the final roundings); for float32 and float16, computed in
+float32, ``(BLOCK/LANES)**2 * 2**-24 * max|x - x[0]| + 2**-46 |m|`` (float
+lanes of BLOCK/LANES terms after a shift by the first element, and the
+two-float split of the mean), plus the float64 term for the lanes' totals.
+A record whose variance error could exceed 1% of ``v + eps``
 (or whose mean error exceeds 0.5% of ``sqrt(v + eps)``) is ill-conditioned
 (its result is rounding noise in any implementation) and not checked.
 Where the float64 oracle itself under- or overflows on finite float64
@@ -34,10 +38,8 @@ data, the record is recomputed by the oracle scaled by a power of two
 (``rescue_reference``). An element with an infinite or NaN weight or bias
 must be non-finite, NaN or +-inf (``z * inf`` with ``z`` zero or not).
 
-Known limitations (``KNOWN_LIMITS``, empty at present) are cut out of the
-value check only, each with a reproducer in tests/test_fuzz_api.py marked
-``xfail(strict=True)``, so fixing one turns that test red until its entry
-is removed here.
+The memory layouts the arrays are drawn in are ``cases.LAYOUTS``, shared
+with the tests of the C core.
 """
 from __future__ import annotations
 
@@ -53,10 +55,9 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import layernorm_c as lnc
+from cases import (BLOCK, BOUNDARY_D, F64, FLOAT_DTYPES, FUZZ_LAYOUTS, LANES, STATS_TOL, Y_TOL,
+                   with_layout)
 
-F16, F32, F64 = np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)
-Y_TOL = {F16: 2e-3, F32: 1e-5, F64: 1e-12}
-STATS_TOL = {F16: 1e-6, F32: 1e-6, F64: 1e-12}
 AxisError = getattr(getattr(np, "exceptions", np), "AxisError")
 
 _CASTINGS = ("no", "equiv", "safe", "same_kind", "unsafe")
@@ -102,14 +103,6 @@ FUZZ = os.environ.get("LAYERNORM_C_FUZZ", "") not in ("", "0")
 MAX_D = 1 << 22 if FUZZ else 1 << 16
 #: Largest number of elements of one generated array.
 MAX_SIZE = 1 << 22 if FUZZ else 1 << 17
-
-#: Known numerical limitations, excluded from the value comparison (only)
-#: while they stand; each needs a strict-xfail reproducer in
-#: tests/test_fuzz_api.py. None at present: "f32_rstd_overflow" (float32
-#: spread below ~1e-38 with eps=0) and "f32_centered_overflow" (float32
-#: values spanning more than FLT_MAX) were found by this oracle and fixed.
-KNOWN_LIMITS: set = set()
-FLT_MAX = float(np.finfo(np.float32).max)
 
 
 # --------------------------------------------------------------------- dtypes
@@ -245,54 +238,10 @@ def values_of(draw, shape, dt: np.dtype) -> np.ndarray:
 
 # --------------------------------------------------------------------- layouts
 
-LAYOUTS = ("c", "c", "c", "f", "reversed", "strided", "unaligned", "swapped",
-           "transposed", "readonly")
-
-
-def with_layout(a: np.ndarray, layout: str, rng: np.random.Generator) -> np.ndarray:
-    """The same values as `a`, in another memory layout (or `a` itself where
-    the dtype cannot have that layout, e.g. reference dtypes unaligned)."""
-    try:
-        return _with_layout(a, layout, rng)
-    except (TypeError, ValueError):
-        return a
-
-
-def _with_layout(a, layout, rng):
-    if a.ndim == 0 or layout == "c":
-        return a
-    if layout == "f":
-        return np.asfortranarray(a)
-    if layout == "reversed":
-        axes = tuple(i for i in range(a.ndim) if rng.integers(0, 2)) or (a.ndim - 1,)
-        return np.flip(np.ascontiguousarray(np.flip(a, axes)), axes)
-    if layout == "strided":
-        step = int(rng.integers(2, 4))
-        buf = np.zeros(tuple(n * step for n in a.shape), a.dtype)
-        view = buf[tuple(slice(None, None, step) for _ in a.shape)]
-        view[...] = a
-        return view
-    if layout == "unaligned" and a.dtype.itemsize > 1 and a.dtype.kind != "O":
-        raw = np.zeros(a.nbytes + 1, np.uint8)
-        view = raw[1:].view(a.dtype).reshape(a.shape)
-        view[...] = a
-        return view
-    if layout == "swapped" and a.dtype.itemsize > 1 and a.dtype.kind not in "OVT":
-        return a.astype(a.dtype.newbyteorder())
-    if layout == "transposed":
-        perm = rng.permutation(a.ndim)
-        inv = np.argsort(perm)
-        return np.transpose(np.ascontiguousarray(np.transpose(a, perm)), inv)
-    if layout == "readonly":
-        b = a.copy()
-        b.flags.writeable = False
-        return b
-    return a
-
-
 @st.composite
-def arrays_in_layouts(draw, shape, dt, layouts=LAYOUTS):
-    """An array of any dtype in any layout, or a zero-stride broadcast view."""
+def arrays_in_layouts(draw, shape, dt, layouts=FUZZ_LAYOUTS):
+    """An array of any dtype in up to two layouts of ``layouts`` (names of
+    ``cases.LAYOUTS``) one over the other, or a zero-stride broadcast view."""
     shape = tuple(shape)
     if shape and draw(st.integers(0, 9)) == 0:
         # Broadcast: stride 0 along some axes (read-only, shares memory).
@@ -318,8 +267,7 @@ def shapes(draw, max_ndim=4):
                          min_size=ndim - 1, max_size=ndim - 1))
     d = draw(weighted(
         (8, st.integers(0, 40)),
-        (3, st.sampled_from([7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 128, 129,
-                             255, 256, 257, 1000, 4095, 4096, 4097])),
+        (3, st.sampled_from(BOUNDARY_D + (1000,))),
         (1, st.integers(1000, MAX_D)),
     ))
     lead_size = int(np.prod(lead, dtype=np.int64)) if lead else 1
@@ -338,7 +286,7 @@ def valid_eps():
                                                1.7976931348623157e308]),
     )
     return weighted((6, values), (1, st.integers(0, 3)),
-                    (1, st.tuples(st.sampled_from([np.float16, np.float32, np.float64]),
+                    (1, st.tuples(st.sampled_from([dt.type for dt in FLOAT_DTYPES]),
                                   values).map(lambda t: _np_scalar(*t))
                     .filter(lambda v: math.isfinite(v))),
                     (1, values.map(np.array)))
@@ -348,7 +296,7 @@ def eps_values():
     """Every kind of eps: valid, invalid values, and wrong types."""
     valid = valid_eps()
     invalid = st.sampled_from([-1e-5, -5e-324, -math.inf, math.inf, math.nan, -1.0])
-    as_np = st.sampled_from([np.float16, np.float32, np.float64, np.longdouble])
+    as_np = st.sampled_from([dt.type for dt in FLOAT_DTYPES] + [np.longdouble])
     return weighted(
         (10, valid),
         (3, invalid),
@@ -386,17 +334,6 @@ def eps_is_valid(eps) -> Optional[bool]:
     return math.isfinite(value) and value >= 0
 
 
-def eps_overflows_float(eps) -> bool:
-    """A real number that float() cannot convert (e.g. 10**400)."""
-    if isinstance(eps, (bool, np.bool_)) or not isinstance(eps, numbers.Real):
-        return False
-    try:
-        float(eps)
-    except OverflowError:
-        return True
-    return False
-
-
 # --------------------------------------------------------------------- oracle
 
 class Bound(NamedTuple):
@@ -404,7 +341,7 @@ class Bound(NamedTuple):
     tol: np.ndarray      # their tolerance
     ref: np.ndarray      # reference y (float64)
     nan_ok: np.ndarray   # elements where a NaN result is acceptable
-    skip: np.ndarray     # elements of ill-conditioned / known-limit records
+    skip: np.ndarray     # elements of ill-conditioned records
     wild: np.ndarray     # elements with an infinite or NaN weight or bias
 
 
@@ -443,6 +380,21 @@ def _unit(dt: np.dtype) -> float:
     return float(np.finfo(dt).eps) / 2
 
 
+def f64_sum_units(d) -> float:
+    """Error bound of a mean summed in float64 lanes, in units of max|x|:
+    each of the LANES lanes adds d/LANES terms, then a pairwise tree of
+    depth log2(LANES) combines them, then the division by d and the shift
+    back (3 roundings, with the lanes' uneven lengths)."""
+    return (d / LANES + math.log2(LANES) + 3) * 2.0**-52
+
+
+#: Error bound of a float32 lane run, in units of its largest term: a lane
+#: adds BLOCK/LANES terms in float32 before its total goes into float64,
+#: and k additions of partial sums below k times the largest term err by
+#: less than k * k units.
+F32_RUN_UNITS = (BLOCK // LANES) ** 2 * 2.0**-24
+
+
 def error_bound(X, W, B, eps, ref_mean, ref_var, cdt: np.dtype, odt: np.dtype,
                 ref_y) -> Bound:
     """Per-element tolerance for a (rows, d) problem. X, W, B, eps (per row)
@@ -457,14 +409,14 @@ def error_bound(X, W, B, eps, ref_mean, ref_var, cdt: np.dtype, odt: np.dtype,
         absx = np.where(np.isfinite(X), np.abs(X), 0.0)
         maxabs = absx.max(axis=1, initial=0.0)
         if cdt == F64:
-            e_mean = (d / 32 + 8) * 2.0**-52 * maxabs
-            u_var = (d / 32 + 8) * 2.0**-52
+            e_mean = f64_sum_units(d) * maxabs
+            u_var = f64_sum_units(d)
         else:
             spread = np.abs(X - X[:, :1])
             spread = np.where(np.isfinite(spread), spread, 0.0).max(axis=1, initial=0.0)
-            e_mean = 64 * 2.0**-24 * spread + 2.0**-46 * np.abs(ref_mean) \
-                + (d / 32 + 8) * 2.0**-52 * maxabs
-            u_var = 64 * 2.0**-24
+            e_mean = F32_RUN_UNITS * spread + 2.0**-46 * np.abs(ref_mean) \
+                + f64_sum_units(d) * maxabs
+            u_var = F32_RUN_UNITS
         e_var = u_var * ref_var + 2 * e_mean * np.sqrt(ref_var) + e_mean**2
         finite_rec = np.isfinite(ref_mean) & np.isfinite(ref_var)
         # (the second test also holds where e_var underflows to 0: tiny data)
@@ -484,16 +436,10 @@ def error_bound(X, W, B, eps, ref_mean, ref_var, cdt: np.dtype, odt: np.dtype,
         fin_o = float(np.finfo(odt).max) if odt.kind == "f" else np.inf
         fin_c = float(np.finfo(cdt).max)
         big = (np.abs(ref_y) > 0.5 * fin_o) | (zw > 0.5 * fin_c) | (np.abs(B0) > 0.5 * fin_c)
-        known = np.zeros(rows, bool)
-        if cdt != F64 and "f32_rstd_overflow" in KNOWN_LIMITS:
-            known |= rstd > 0.5 * FLT_MAX
-        if cdt != F64 and "f32_centered_overflow" in KNOWN_LIMITS:
-            cen = np.abs(X - ref_mean[:, None])
-            known |= np.where(np.isfinite(cen), cen, 0).max(axis=1, initial=0) > 0.25 * FLT_MAX
     finite_ref = np.isfinite(ref_y)
-    ok = finite_ref & ~big & ~(ill | known)[:, None]
-    nan_ok = ~finite_ref | big | (ill | known)[:, None] | ~np.isfinite(W1) | ~np.isfinite(B0)
-    skip = np.broadcast_to((ill | known)[:, None], ref_y.shape)
+    ok = finite_ref & ~big & ~ill[:, None]
+    nan_ok = ~finite_ref | big | ill[:, None] | ~np.isfinite(W1) | ~np.isfinite(B0)
+    skip = np.broadcast_to(ill[:, None], ref_y.shape)
     wild = ~np.isfinite(W1) | ~np.isfinite(B0)
     return Bound(ok, np.nan_to_num(tol, nan=np.inf, posinf=np.inf), ref_y, nan_ok, skip, wild)
 
@@ -532,9 +478,9 @@ def assert_stats_close(mean, var, ref_mean, ref_var, cdt, sdt, d, X, what):
     fmax = float(np.finfo(sdt).max)
     with np.errstate(all="ignore"):
         absx = np.where(np.isfinite(X), np.abs(X), 0.0).max(axis=1, initial=0.0)
-        u = 2.0**-52 * (d / 32 + 8)
+        u = f64_sum_units(d)
         if cdt != F64:
-            u = max(u, 64 * 2.0**-24)
+            u = max(u, F32_RUN_UNITS)
         rt = STATS_TOL[cdt]
         tiny = float(np.finfo(sdt).smallest_subnormal)
         mtol = u * absx + rt * np.abs(ref_mean) + tiny

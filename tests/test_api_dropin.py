@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given, strategies as st
 
 import layernorm_c as lnc
-from core_strategies import FLOAT_DTYPES, assert_same_bits
+from cases import F64, FLOAT_DTYPES, Y_TOL
+from core_strategies import assert_same_bits
 
 
 def numpy_layer_norm(x, g, b, eps=1e-5, axis=-1):
@@ -25,7 +26,8 @@ def test_parameters_broadcast_like_numpy(shape):
     g = rng.uniform(0.5, 2, shape) if shape else 1.7
     b = rng.uniform(-1, 1, shape) if shape else -0.25
     got = lnc.layer_norm(X, g, b)
-    np.testing.assert_allclose(got, numpy_layer_norm(X, g, b), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(got, numpy_layer_norm(X, g, b), rtol=Y_TOL[F64],
+                               atol=Y_TOL[F64])
     # ... and bit for bit what the explicit (d,)-shaped parameters give
     full_g = np.broadcast_to(np.asarray(g, np.float64).reshape(-1)[-1:] if np.ndim(g) and
                              np.shape(g)[-1] == 1 else np.asarray(g).reshape(-1)[-8:], (8,))
@@ -40,7 +42,8 @@ def test_keepdims_parameters_for_a_middle_axis():
     g = np.linspace(0.5, 1.5, 8).reshape(1, 8, 1)
     b = np.linspace(-1, 1, 8).reshape(1, 8, 1)
     got = lnc.layer_norm(x, g, b, axis=1)
-    np.testing.assert_allclose(got, numpy_layer_norm(x, g, b, axis=1), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(got, numpy_layer_norm(x, g, b, axis=1), rtol=Y_TOL[F64],
+                               atol=Y_TOL[F64])
     assert_same_bits(got, lnc.layer_norm(x, g.ravel(), b.ravel(), axis=1))
 
 

@@ -13,6 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import layernorm_c as lnc
+from cases import WORKED_EXAMPLES
+
 BENCH_PATH = Path(__file__).resolve().parent.parent / "benchmarks" / "bench.py"
 IMPLEMENTATIONS = ("copy", "layernorm_c", "layernorm_c out=", "NumPy", "torch")
 
@@ -118,10 +121,11 @@ def test_quick_run_without_torch_reports_na(bench, tmp_path):
 
 
 def test_numpy_reference_formula(bench):
-    x = np.array([[1.0, 2.0, 3.0, 4.0], [10.0, 12.0, 8.0, 14.0]])
+    x = np.array([example.row for example in WORKED_EXAMPLES])
     y = bench.numpy_layer_norm(x, np.ones(4), np.zeros(4), eps=0.0)
-    np.testing.assert_allclose(y[0], [-1.341641, -0.447214, 0.447214, 1.341641], rtol=1e-6)
-    np.testing.assert_allclose(y[1], [-0.4472136, 0.4472136, -1.3416408, 1.3416408], rtol=1e-6)
+    np.testing.assert_allclose(y, lnc.reference_layer_norm(x, eps=0.0).y, rtol=1e-15, atol=0)
+    for got, example in zip(y, WORKED_EXAMPLES):
+        np.testing.assert_allclose(got, example.y, rtol=0, atol=0.5 * 10.0 ** -example.decimals)
     assert bench.numpy_layer_norm(x.astype(np.float32), np.ones(4, np.float32),
                                   np.zeros(4, np.float32)).dtype == np.float32
 

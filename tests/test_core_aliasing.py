@@ -13,7 +13,8 @@ from hypothesis import given, strategies as st
 from numpy.lib.stride_tricks import as_strided
 
 import layernorm_c as lnc
-from core_strategies import FLOAT_DTYPES, assert_same_bits
+from cases import FLOAT_DTYPES
+from core_strategies import assert_same_bits
 
 
 def _view(buf: np.ndarray, offset: int, shape, strides_items) -> np.ndarray:

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import layernorm_c as lnc
+from cases import F64, Y_TOL
 
 AxisError = getattr(getattr(np, "exceptions", np), "AxisError")  # NumPy < 1.25: np.AxisError
 
@@ -193,7 +194,8 @@ def test_eps_too_large_for_a_float_is_a_clear_value_error():
                                  np.int64(0), np.array(1e-3), fractions.Fraction(1, 1000)])
 def test_eps_accepted_forms(eps):
     want = lnc.reference_layer_norm(X, eps=float(eps)).y
-    np.testing.assert_allclose(lnc.layer_norm(X, eps=eps), want, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(lnc.layer_norm(X, eps=eps), want, rtol=Y_TOL[F64],
+                               atol=Y_TOL[F64])
 
 
 # ------------------------------------------------------------ out

@@ -9,29 +9,30 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import layernorm_c as lnc
-from core_strategies import (F16, F64, FLOAT_DTYPES, Y_TOL, WB_COMBOS, assert_same_bits,
-                             assert_same_result, finite_values, kernel_settings, random_params)
+from cases import BLOCK, F16, F32, F64, FLOAT_DTYPES, LANES, SMALL_D, STATS_TOL, Y_TOL
+from core_strategies import (WB_COMBOS, assert_same_bits, assert_same_result, finite_values,
+                             kernel_settings, random_params)
 
 
 # ------------------------------------------------------------ float32 offsets
 
 @pytest.mark.parametrize("offset", [0.0, 1.0, 1e2, 1e3, 1e4, -1e4])
-@pytest.mark.parametrize("d", [2, 3, 31, 33, 768, 4097, 65536])
+@pytest.mark.parametrize("d", [2, 3, LANES - 1, LANES + 1, 768, 16 * BLOCK + 1, 65536])
 def test_float32_accurate_with_large_offset(offset, d):
-    """Rows N(offset, 1) in float32: the output stays within 1e-5 of the
-    float64 reference of the same float32 input (a float32 mean, or
+    """Rows N(offset, 1) in float32: the output stays within Y_TOL (1e-5) of
+    the float64 reference of the same float32 input (a float32 mean, or
     E[x^2] - E[x]^2, would be off by far more at offset 1e4)."""
     rng = np.random.default_rng(d)
     x = (offset + rng.standard_normal((4 if d < 65536 else 2, d))).astype(np.float32)
     y, mean, var = lnc.layer_norm(x, return_stats=True)
     ref = lnc.reference_layer_norm(x)
-    assert np.max(np.abs(y - ref.y)) <= 1e-5
-    # Statistics (float32): the mean to its float32 rounding plus 1e-6 of the
-    # spread, the variance to 1e-6 relative.
+    assert np.max(np.abs(y - ref.y)) <= Y_TOL[F32]
+    # Statistics (float32): the mean to its float32 rounding plus STATS_TOL
+    # (1e-6) of the spread, the variance to STATS_TOL relative.
     std = np.sqrt(ref.var)
-    mean_tol = np.spacing(np.abs(ref.mean).astype(np.float32)) + 1e-6 * std
+    mean_tol = np.spacing(np.abs(ref.mean).astype(np.float32)) + STATS_TOL[F32] * std
     assert np.all(np.abs(mean - ref.mean) <= mean_tol)
-    assert np.all(np.abs(var - ref.var) <= 1e-6 * ref.var)
+    assert np.all(np.abs(var - ref.var) <= STATS_TOL[F32] * ref.var)
 
 
 # ------------------------------------------------------------ float64 accuracy
@@ -46,14 +47,14 @@ def _exact_layer_norm(row, eps):
 
 
 @pytest.mark.parametrize("offset", [0.0, 10.0, 1e3, 1e4])
-@pytest.mark.parametrize("d", [1, 5, 33, 1000, 4097])
+@pytest.mark.parametrize("d", [1, 5, LANES + 1, 1000, 16 * BLOCK + 1])
 def test_float64_relative_error_against_exact_arithmetic(offset, d):
-    """float64 output within ~1e-12 relative of the exact result (the mean's
+    """float64 output within Y_TOL (1e-12) relative of the exact result (the mean's
     own rounding, relative to the offset, dominates beyond offset/std 1e3)."""
     rng = np.random.default_rng(d + 7)
     x = offset + rng.standard_normal((2, d))
     y, mean, var = lnc.layer_norm(x, eps=1e-5, return_stats=True)
-    tol = 1e-12 * max(1.0, abs(offset) / 1e3)
+    tol = Y_TOL[F64] * max(1.0, abs(offset) / 1e3)
     for i in range(len(x)):
         ey, emean, evar = _exact_layer_norm(x[i], 1e-5)
         assert np.max(np.abs(y[i] - ey) / (1 + np.abs(ey))) <= tol
@@ -63,7 +64,7 @@ def test_float64_relative_error_against_exact_arithmetic(offset, d):
 
 # ------------------------------------------------------------ float16
 
-@pytest.mark.parametrize("d", [2, 4, 33, 1000])
+@pytest.mark.parametrize("d", [2, 4, LANES + 1, 1000])
 def test_float16_extremes_never_overflow(d):
     rows = np.zeros((3, d), np.float16)
     rows[0, :2] = [65504, -65504]                 # mean 0, huge variance
@@ -113,7 +114,7 @@ def test_float16_eps_is_not_rounded_to_float16(call):
 
 # ------------------------------------------------------------ constant rows
 
-@given(dtype=st.sampled_from(FLOAT_DTYPES), d=st.integers(1, 300), data=st.data())
+@given(dtype=st.sampled_from(FLOAT_DTYPES), d=st.integers(1, SMALL_D), data=st.data())
 def test_constant_rows_give_the_bias(dtype, d, data):
     c = data.draw(finite_values(dtype, 1e4 if dtype == F16 else 1e6), "c")
     rng = np.random.default_rng(d)
@@ -171,7 +172,7 @@ def test_float32_inputs_near_the_top_of_the_range_give_finite_output():
     with np.errstate(all="ignore"):
         y = lnc.layer_norm(x)
     assert np.all(np.isfinite(y)), f"got {y}"
-    np.testing.assert_allclose(y, want, atol=1e-5)
+    np.testing.assert_allclose(y, want, atol=Y_TOL[F32])
 
 
 # ------------------------------------------------------------ NaN / Inf
@@ -228,7 +229,7 @@ def test_float64_records_whose_squares_leave_the_double_range(scale_exp):
     for isa in lnc.supported_isas():
         with kernel_settings(isa=isa):
             y = lnc.layer_norm(x, eps=0.0)
-        np.testing.assert_allclose(y, want, rtol=1e-12, atol=1e-12, err_msg=isa)
+        np.testing.assert_allclose(y, want, rtol=Y_TOL[F64], atol=Y_TOL[F64], err_msg=isa)
 
 
 def test_float64_statistics_of_huge_records_are_exact_where_representable():

@@ -1,5 +1,7 @@
 """layer_norm against the float64 NumPy reference: property tests, the worked
-examples of DEVELOPERS.md, invariants, and the dtype rules."""
+examples (layernorm_c/_cases.py), invariants, and the dtype rules. The
+property tests also call layer_norm with x, weight and bias byte-swapped
+('>f2', '>f4', '>f8'), which must give exactly the bits of the native call."""
 import numpy as np
 import pytest
 from hypothesis import given
@@ -7,7 +9,8 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import layernorm_c as lnc
-from core_strategies import (F16, F32, F64, FLOAT_DTYPES, Y_TOL, assert_matches_reference,
+from cases import F16, F32, F64, FLOAT_DTYPES, MOMENTS_TOL, WORKED_EXAMPLES
+from core_strategies import (assert_byte_order_ignored, assert_matches_reference,
                              assert_same_bits, assert_same_result, finite_values, problems,
                              result_dtype, stats_dtype)
 
@@ -21,6 +24,7 @@ def test_matches_reference(p):
     # Without return_stats: the very same y.
     y = lnc.layer_norm(p.x, p.weight, p.bias, p.eps, axis=p.axis)
     assert_same_bits(y, res.y, "y without return_stats")
+    assert_byte_order_ignored(res, p.x, p.weight, p.bias, p.eps, p.axis)
 
 
 @pytest.mark.parametrize("which", ["none", "w", "b", "wb"])
@@ -37,6 +41,7 @@ def test_all_weight_bias_combinations_on_btd(which, data):
     res = lnc.layer_norm(x, w, b, return_stats=True)
     assert res.mean.shape == res.var.shape == shape[:2]
     assert_matches_reference(res, x, w, b)
+    assert_byte_order_ignored(res, x, w, b)
 
 
 @pytest.mark.parametrize("axis", [0, 1, (0, 2), (2, 0), (-1, -2), (0, 1, 2)])
@@ -78,36 +83,59 @@ def test_statistics_are_per_record_in_btd():
 
 # ------------------------------------------------------------ worked examples
 
-@pytest.mark.parametrize("dtype", FLOAT_DTYPES + (np.dtype(np.int64),))
-def test_seed_example_1234(dtype):
-    x = np.array([1, 2, 3, 4], dtype)
-    y, mean, var = lnc.layer_norm(x, eps=0.0, return_stats=True)
-    tol = Y_TOL[result_dtype(x)]
-    np.testing.assert_allclose(y, [-1.341641, -0.447214, 0.447214, 1.341641],
-                               rtol=0, atol=max(tol * 2, 1e-6))
-    assert mean == 2.5
-    # Population variance (divide by d): 1.25, not the sample variance 5/3.
-    assert var == 1.25
+def _worked_example_atol(example, dtype):
+    """How far layer_norm's output may be from the hand values: half a unit
+    of their last decimal (their own rounding), half an ulp of the result
+    dtype (the output's rounding) and four ulps of the dtype it is computed
+    in (float32 for float16)."""
+    hand = np.abs(np.array(example.y))
+    dtype = result_dtype(np.zeros(0, dtype))
+    compute = F32 if dtype == F16 else dtype
+    ulp = lambda dt: np.spacing(hand.astype(dt)).astype(np.float64)  # noqa: E731
+    return 0.5 * 10.0 ** -example.decimals + ulp(dtype) / 2 + 4 * ulp(compute)
 
 
-@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-def test_seed_example_10_12_8_14(dtype):
-    x = np.array([[10, 12, 8, 14]], dtype)
-    y, mean, var = lnc.layer_norm(x, return_stats=True)
-    np.testing.assert_allclose(y, [[-0.4472, 0.4472, -1.3416, 1.3416]], atol=1e-3)
-    assert mean.tolist() == [11.0] and var.tolist() == [5.0]
+@pytest.mark.parametrize("eps", [0.0, 1e-5])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES + (np.dtype(np.int64),), ids=str)
+@pytest.mark.parametrize("example", WORKED_EXAMPLES, ids=lambda e: str(list(e.row)))
+def test_worked_examples(example, dtype, eps):
+    """The hand values: mean and (population) variance exactly, y to the
+    given decimals at eps 0; eps scales y by sqrt(var / (var + eps))."""
+    x = np.array([example.row], dtype)
+    y, mean, var = lnc.layer_norm(x, eps=eps, return_stats=True)
+    want = np.array(example.y) * np.sqrt(example.var / (example.var + eps))
+    np.testing.assert_array_less(np.abs(y[0] - want), _worked_example_atol(example, dtype))
+    assert mean.tolist() == [example.mean]
+    # Population variance (divide by d), not the sample variance.
+    assert var.tolist() == [example.var]
+
+
+def test_worked_examples_are_the_float64_reference():
+    """The hand values are the reference's, to their decimals; the exact
+    mean and variance too."""
+    for example in WORKED_EXAMPLES:
+        ref = lnc.reference_layer_norm(np.array(example.row), eps=0.0)
+        assert (float(ref.mean), float(ref.var)) == (example.mean, example.var)
+        assert np.all(np.abs(ref.y - example.y) <= 0.5 * 10.0 ** -example.decimals)
 
 
 def test_population_variance_not_sample_variance():
-    y, _, var = lnc.layer_norm(np.array([1.0, 2.0, 3.0, 4.0]), eps=0.0, return_stats=True)
-    assert var == 1.25
-    assert y[3] == pytest.approx(1.5 / np.sqrt(1.25), rel=1e-15)
-    assert abs(y[3] - 1.5 / np.sqrt(5 / 3)) > 0.1
+    example = WORKED_EXAMPLES[0]
+    x = np.array(example.row)
+    y, _, var = lnc.layer_norm(x, eps=0.0, return_stats=True)
+    assert var == example.var
+    d = len(x)
+    sample_var = example.var * d / (d - 1)
+    assert y[-1] == pytest.approx((x[-1] - example.mean) / np.sqrt(example.var), rel=1e-15)
+    assert abs(y[-1] - (x[-1] - example.mean) / np.sqrt(sample_var)) > 0.1
+
+
+_WORKED_ROWS = [example.row for example in WORKED_EXAMPLES]
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 def test_gain_only_scales_its_own_coordinate(dtype):
-    x = np.array([[1, 2, 3, 4], [10, 12, 8, 14]], dtype)
+    x = np.array(_WORKED_ROWS, dtype)
     w = np.array([2, 1, 1, 1], dtype)
     plain = lnc.layer_norm(x)
     gained = lnc.layer_norm(x, w)
@@ -118,7 +146,7 @@ def test_gain_only_scales_its_own_coordinate(dtype):
 @pytest.mark.parametrize("dtype", [F32, F64])
 def test_bias_only_shifts(dtype):
     """bias without weight: y = xhat + b, computed the same way."""
-    x = np.array([[1, 2, 3, 4], [10, 12, 8, 14]], dtype)
+    x = np.array(_WORKED_ROWS, dtype)
     b = np.array([0.5, -1, 0, 3], dtype)
     assert_same_bits(lnc.layer_norm(x, bias=b), lnc.layer_norm(x) + b)
 
@@ -141,10 +169,12 @@ def _non_constant_rows(draw):
 
 @given(_non_constant_rows())
 def test_eps0_rows_have_mean_0_and_mean_square_1(x):
-    y = lnc.layer_norm(x, eps=0.0).astype(np.float64)
-    tol = {F16: 5e-3, F32: 1e-5, F64: 1e-12}[x.dtype]
+    res = lnc.layer_norm(x, eps=0.0, return_stats=True)
+    y = res.y.astype(np.float64)
+    tol = MOMENTS_TOL[x.dtype]
     np.testing.assert_allclose(y.mean(axis=1), 0.0, atol=tol)
     np.testing.assert_allclose((y * y).mean(axis=1), 1.0, atol=tol)
+    assert_byte_order_ignored(res, x, eps=0.0)
 
 
 # ------------------------------------------------------------ dtype rules
@@ -189,6 +219,7 @@ def test_float16_is_float32_math_rounded_once(p):
     assert_same_bits(res16.y, res32.y.astype(np.float16), "y")
     assert_same_bits(res16.mean, res32.mean, "mean")
     assert_same_bits(res16.var, res32.var, "var")
+    assert_byte_order_ignored(res16, p.x, p.weight, p.bias, p.eps, p.axis)
 
 
 def test_reference_is_right_beyond_the_square_range():

@@ -8,7 +8,8 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import layernorm_c as lnc
-from core_strategies import (F16, FLOAT_DTYPES, assert_same_bits, finite_values, problems)
+from cases import F16, FLOAT_DTYPES
+from core_strategies import assert_same_bits, finite_values, problems
 
 uf = lnc.layer_norm_ufunc
 

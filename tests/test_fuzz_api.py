@@ -36,6 +36,8 @@ from hypothesis import strategies as st
 
 import fuzz_support as fs
 import layernorm_c as lnc
+from cases import (BLOCK, F16, F32, F64, FLOAT_DTYPES, LANES, LAYOUTS, WRITABLE_LAYOUTS,
+                   with_layout)
 
 # The strategies cast and compare extreme values on purpose.
 pytestmark = [pytest.mark.filterwarnings("ignore::RuntimeWarning"),
@@ -91,7 +93,7 @@ def params_for(draw, norm_shape, x, fault=False):
     if kind == "scalar":
         return draw(st.sampled_from([1.0, 0, np.float32(2.0), np.array(1.0), None]))
     if kind == "list":
-        return draw(fs.values_of(shape, fs.F64)).tolist()
+        return draw(fs.values_of(shape, F64)).tolist()
     return "OUT"  # replaced by the out= array below, when shapes allow
 
 
@@ -121,10 +123,9 @@ def out_for(draw, x, rdt, fault=False):
     if kind == "none" or shape is None:
         return None, x
     if kind == "ok" and rdt is not None:
-        layout = draw(st.sampled_from(["c", "f", "reversed", "strided", "unaligned",
-                                       "swapped", "transposed"]))
+        layout = draw(st.sampled_from(WRITABLE_LAYOUTS))
         rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
-        return fs.with_layout(np.full(shape, 7, rdt), layout, rng), x
+        return with_layout(np.full(shape, 7, rdt), layout, rng), x
     if kind == "inplace":
         return xa, x
     if kind == "overlap" and rdt is not None and xa.size > 0:
@@ -146,7 +147,7 @@ def out_for(draw, x, rdt, fault=False):
     if wrong == "dtype":
         return np.zeros(shape, draw(fs.any_dtype)), x
     if wrong == "readonly":
-        return np.broadcast_to(np.zeros((), rdt or fs.F64), shape), x
+        return np.broadcast_to(np.zeros((), rdt or F64), shape), x
     if wrong == "list":
         return np.zeros(shape).tolist(), x
     if wrong == "scalar":
@@ -154,8 +155,8 @@ def out_for(draw, x, rdt, fault=False):
     if wrong == "matrix" and len(shape) == 2:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return np.asmatrix(np.zeros(shape, rdt or fs.F64)), x
-    return np.zeros((), rdt or fs.F64), x
+            return np.asmatrix(np.zeros(shape, rdt or F64)), x
+    return np.zeros((), rdt or F64), x
 
 
 #: The one thing a generated call gets wrong on purpose (or nothing).
@@ -372,10 +373,6 @@ def check_layer_norm(case) -> str:
             for n, s in snaps.items():
                 fs.assert_unchanged(s, n)
             return "raised"
-        except OverflowError:
-            if fs.eps_overflows_float(eps) and "eps_overflow" in KNOWN_BUGS:
-                return "known-bug"
-            raise
     if expect is None:
         raise AssertionError("an invalid call returned instead of raising")
     for n, s in snaps.items():
@@ -407,22 +404,17 @@ def check_layer_norm(case) -> str:
     ref_y = np.array(to_rows(ref.y, lead, axes, d))
     rmean = np.array(ref.mean, dtype=np.float64).reshape(-1)
     rvar = np.array(ref.var, dtype=np.float64).reshape(-1)
-    if rdt == fs.F64:
+    if rdt == F64:
         fs.rescue_reference(X, W, B, np.full(len(X), e), rmean, rvar, ref_y)
     bound = fs.error_bound(X, W, B, e, rmean, rvar, rdt, y.dtype, ref_y)
     fs.assert_y_close(to_rows(y, lead, axes, d), bound, "layer_norm y")
     if rs:
-        sdt = fs.F32 if rdt in (fs.F16, fs.F32) else fs.F64
+        sdt = F32 if rdt in (F16, F32) else F64
         assert res.mean.dtype == sdt and res.var.dtype == sdt, (res.mean.dtype, sdt)
         assert res.mean.shape == lead_shape and res.var.shape == lead_shape
         fs.assert_stats_close(res.mean.reshape(-1), res.var.reshape(-1), rmean, rvar,
                               rdt, sdt, d, X, "layer_norm stats")
     return "ok"
-
-
-#: Known bugs the fuzz oracle tolerates while they stand (each with a
-#: strict-xfail reproducer below). Empty now: eps_overflow is fixed.
-KNOWN_BUGS: set = set()
 
 
 @FUZZ_SETTINGS
@@ -444,7 +436,9 @@ def ufunc_calls(draw):
     fault = draw(st.sampled_from(UFUNC_FAULTS))
     lead = draw(st.lists(fs.weighted((1, 0), (8, st.integers(1, 4))), max_size=3))
     n = draw(fs.weighted((1, 0), (12, st.integers(1, 40)),
-                         (2, st.sampled_from([63, 64, 65, 129, 1000, 4097])),
+                         (2, st.sampled_from(
+                             [2 * LANES - 1, 2 * LANES, 2 * LANES + 1, 4 * LANES + 1, 1000,
+                              16 * BLOCK + 1])),
                          (1, st.integers(1000, fs.MAX_D // 16))))
     size = max(1, math.prod(lead)) * n
     if size > fs.MAX_SIZE:
@@ -489,10 +483,10 @@ def ufunc_calls(draw):
         except ValueError:
             pass
         if okind in ("ok", "tuple"):
-            odt = draw(st.sampled_from([fs.F16, fs.F32, fs.F64]))
+            odt = draw(st.sampled_from(FLOAT_DTYPES))
             rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
-            o = fs.with_layout(np.full(oshape, 7, odt), draw(st.sampled_from(
-                ["c", "f", "reversed", "strided", "unaligned", "swapped"])), rng)
+            o = with_layout(np.full(oshape, 7, odt), draw(st.sampled_from(WRITABLE_LAYOUTS)),
+                            rng)
             kwargs["out"] = (o,) if okind == "tuple" else o
         elif okind == "wrongshape":
             kwargs["out"] = np.zeros(oshape + (1,))
@@ -505,7 +499,7 @@ def ufunc_calls(draw):
     if fault == "axis":
         kwargs["axis"] = draw(st.integers(-3, 2))
     if fault == "dtype_kw":
-        kwargs["dtype"] = draw(st.sampled_from([fs.F16, fs.F32, fs.F64, np.dtype(int),
+        kwargs["dtype"] = draw(st.sampled_from([F16, F32, F64, np.dtype(int),
                                                 np.dtype(complex)]))
     if fault == "casting":
         kwargs["casting"] = draw(st.sampled_from(["no", "equiv", "safe", "same_kind",
@@ -618,7 +612,7 @@ def check_ufunc(case) -> str:
     Ev = np.where(bad_eps, 0.0, E)
     with np.errstate(all="ignore"):
         ref_y = (X - rmean[:, None]) / np.sqrt(rvar + Ev)[:, None] * W + B
-        if loop == fs.F64:
+        if loop == F64:
             fs.rescue_reference(X, W, B, Ev, rmean, rvar, ref_y)
         ref_y[bad_eps] = np.nan
     bound = fs.error_bound(X, W, B, Ev, rmean, rvar, loop, y.dtype, ref_y)
@@ -634,7 +628,7 @@ def test_fuzz_layer_norm_ufunc(case):
 
 # ================================================================ fixed cases
 
-_LOOP_OPERANDS = [fs.F16, fs.F32, fs.F64, np.dtype(np.int8), np.dtype(bool),
+_LOOP_OPERANDS = [F16, F32, F64, np.dtype(np.int8), np.dtype(bool),
                   np.dtype(">f4")]
 
 
@@ -645,10 +639,10 @@ def test_loop_search_predicts_numpys_loop(casting):
     agree with resolve_dtypes where that exists, and on every NumPy predict
     whether a call works and its result dtype."""
     ufunc = lnc.layer_norm_ufunc
-    for dx, dw, db in itertools.product(_LOOP_OPERANDS, [fs.F16, fs.F64, np.dtype(np.int8)],
-                                        [fs.F32, np.dtype(bool)]):
-        for eps, dtype, dout in itertools.product([1e-5, np.float16(1e-3)], [None, fs.F16, fs.F64],
-                                                  [None, fs.F16, fs.F64]):
+    for dx, dw, db in itertools.product(_LOOP_OPERANDS, [F16, F64, np.dtype(np.int8)],
+                                        [F32, np.dtype(bool)]):
+        for eps, dtype, dout in itertools.product([1e-5, np.float16(1e-3)], [None, F16, F64],
+                                                  [None, F16, F64]):
             eps_dt = type(eps) if isinstance(eps, float) else eps.dtype
             dtypes = (dx, dw, db, eps_dt, dout)
             signature = None if dtype is None else (None,) * 4 + (dtype,)
@@ -685,17 +679,17 @@ def test_ufunc_invalid_eps_raises_under_errstate():
 
 
 @pytest.mark.parametrize("isa", lnc.supported_isas())
-@pytest.mark.parametrize("dt", [np.float16, np.float32, np.float64])
+@pytest.mark.parametrize("dt", FLOAT_DTYPES, ids=str)
 def test_every_layout_against_reference(isa, dt):
-    """Every layout of the strategies, each ISA: a fixed, readable sweep."""
+    """Every layout (cases.LAYOUTS), each ISA: a fixed, readable sweep."""
     rng = np.random.default_rng(5)
     old = lnc.get_isa()
     try:
         lnc.set_isa(isa)
-        for d in (1, 7, 31, 33, 100, 300, 2000):
+        for d in (1, 7, LANES - 1, LANES + 1, 100, 300, 2000):
             base = rng.standard_normal((3, d)).astype(dt)
-            for layout in set(fs.LAYOUTS):
-                x = fs.with_layout(base, layout, rng)
+            for layout in LAYOUTS:
+                x = with_layout(base, layout, rng)
                 for w, b in ((None, None), (rng.standard_normal(d).astype(dt), None),
                              (None, rng.standard_normal(d).astype(dt))):
                     case = dict(x=x, weight=w, bias=b, eps=DEFAULT, axis=DEFAULT, out=None,
@@ -726,7 +720,7 @@ def test_eps_too_large_for_a_float_is_valueerror():
             lnc.layer_norm(np.array([1.0, 2.0]), eps=eps)
 
 
-@pytest.mark.parametrize("dt", [np.float16, np.float32, np.float64])
+@pytest.mark.parametrize("dt", FLOAT_DTYPES, ids=str)
 def test_out_of_every_wrong_kind_on_the_fast_path(dt):
     """x eligible for the C fast path, out= wrong in every way: a clean
     TypeError/ValueError (or a correct in-place result), never a crash.
@@ -750,16 +744,16 @@ def test_out_of_every_wrong_kind_on_the_fast_path(dt):
 
 def test_f32_tiny_spread_with_eps_zero():
     """float32 records with a spread near 1e-39 and eps=0: 1/sqrt(var) is
-    beyond the float range, the result must still be about +-1 (this was a
-    known limitation of the oracle, 'f32_rstd_overflow', now fixed)."""
+    beyond the float range, the result must still be about +-1 (found by
+    the fuzz oracle, fixed)."""
     for x in (np.array([0.0, 1e-39], np.float32), np.array([0.0, 1.4e-45], np.float32)):
         np.testing.assert_allclose(lnc.layer_norm(x, eps=0.0), [-1.0, 1.0], rtol=1e-5)
 
 
 def test_f32_values_spanning_more_than_flt_max():
     """float32 values of both signs near FLT_MAX: x - mean exceeds the
-    float range, the result must still be finite and right (was the known
-    limitation 'f32_centered_overflow', now fixed)."""
+    float range, the result must still be finite and right (found by the
+    fuzz oracle, fixed)."""
     x = np.array([3.0e38, -3.0e38, -3.0e38], np.float32)
     np.testing.assert_allclose(lnc.layer_norm(x), lnc.reference_layer_norm(x).y, rtol=1e-5)
 

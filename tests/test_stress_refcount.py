@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 import layernorm_c as lnc
+from cases import FLOAT_DTYPES, LANES
 from layernorm_c import _core
 
 N_CALLS = 25
@@ -104,16 +105,17 @@ def assert_result_freed(fn):
     assert not alive, f"{len(alive)} result array(s) still referenced after the call"
 
 
-DTYPES = [np.float16, np.float32, np.float64]
+#: Records one element past a lane row.
+D = LANES + 1
 
 
-@pytest.fixture(params=DTYPES, ids=lambda t: np.dtype(t).name)
+@pytest.fixture(params=FLOAT_DTYPES, ids=str)
 def data(request):
     dt = request.param
     rng = np.random.default_rng(0)
-    x = rng.standard_normal((4, 33)).astype(dt)
-    w = rng.standard_normal(33).astype(dt)
-    b = rng.standard_normal(33).astype(dt)
+    x = rng.standard_normal((4, D)).astype(dt)
+    w = rng.standard_normal(D).astype(dt)
+    b = rng.standard_normal(D).astype(dt)
     return x, w, b
 
 
@@ -182,7 +184,7 @@ def test_layer_norm_error_paths(data):
     out_bad = np.empty((3, 3), x.dtype)
     cases = [
         ((x, np.ones(5), b), {}, ValueError),
-        ((x, w, np.ones((2, 33))), {}, ValueError),
+        ((x, w, np.ones((2, D))), {}, ValueError),
         ((x, w, b), {"eps": -1.0}, ValueError),
         ((x, w, b), {"eps": float("nan")}, ValueError),
         ((x, w, b), {"eps": "1e-5"}, TypeError),

@@ -25,6 +25,7 @@ import numpy as np
 import pytest
 
 import layernorm_c as lnc
+from cases import FLOAT_DTYPES
 
 HEAVY = os.environ.get("LAYERNORM_C_STRESS", "") not in ("", "0")
 N_THREADS = 16 if HEAVY else 6
@@ -95,7 +96,7 @@ def _flip_settings(stop, errors):
         errors.append(exc)
 
 
-@pytest.mark.parametrize("dt", [np.float16, np.float32, np.float64])
+@pytest.mark.parametrize("dt", FLOAT_DTYPES, ids=str)
 def test_threads_share_inputs_bit_identical(dt, restore_settings):
     # Large enough for the kernels' own worker threads to start in some
     # calls (above lnc.thread_threshold()) when the flipper allows them.

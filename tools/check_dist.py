@@ -30,7 +30,8 @@ ROOT = Path(__file__).resolve().parents[1]
 #: docs they build, the benchmark they run, the CI script they read).
 NEEDED = ["LICENSE", "README.md", "pyproject.toml", "setup.py", "MANIFEST.in",
           "pytest_layernorm_c.py", ".ci/run", "tests/conftest.py",
-          "tests/subprocess_support.py", "tests/fuzz_support.py", "docs/conf.py",
+          "tests/subprocess_support.py", "tests/cases.py", "tests/fuzz_support.py",
+          "docs/conf.py",
           "docs/index.rst", "docs/_static/bench.png", "benchmarks/bench.py"]
 
 

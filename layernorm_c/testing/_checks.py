@@ -15,6 +15,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from .._cases import WORKED_EXAMPLES
 from ._numerics import EPS_MODES, TOLERANCES, Fit, fit, model_layer_norm, ulp_distance
 from ._probe import ImplementationError, Param, Probe
 from ._report import FAIL, PASS, SKIP, WARN, CheckResult
@@ -166,10 +167,7 @@ def check_contract(p: Probe) -> CheckResult:
 
 
 #: The worked examples: record, mean, population variance, output at eps 0.
-HAND_ROWS = (
-    ((1.0, 2.0, 3.0, 4.0), 2.5, 1.25, (-1.341641, -0.447214, 0.447214, 1.341641)),
-    ((10.0, 12.0, 8.0, 14.0), 11.0, 5.0, (-0.447214, 0.447214, -1.341641, 1.341641)),
-)
+HAND_ROWS = WORKED_EXAMPLES
 
 
 @_check("hand_rows", "the worked examples [1, 2, 3, 4] and [10, 12, 8, 14]")
