@@ -9,7 +9,8 @@ from hypothesis import given, settings, strategies as st
 from hypothesis.extra import numpy as hnp
 
 import layernorm_c as lnc
-from core_strategies import FLOAT_DTYPES, F16, F32, F64, LAYOUTS, assert_same_bits, kernel_settings
+from cases import F16, F32, F64, FLOAT_DTYPES, LAYOUTS
+from core_strategies import assert_same_bits
 
 
 def ref_backward(dy, x, w=None, eps=1e-5, axis=-1):
