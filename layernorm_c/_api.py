@@ -60,7 +60,7 @@ def _short_repr(value: object, limit: int = 40) -> str:
     return f"{text[:limit // 2]}...{text[-8:]} ({len(text)} characters)"
 
 
-def _as_real_array(a: object, name: str) -> np.ndarray:
+def _as_real_array(a: object, name: str) -> NDArray[Any]:
     """``np.asarray(a)`` with integer/bool widened to float64; other
     non-float dtypes (complex, object, strings, datetimes...) rejected.
 
@@ -122,7 +122,7 @@ def _normalize_axes(axis: object, ndim: int) -> Tuple[int, ...]:
 
 
 def _as_param(p: object, name: str, x_shape: Tuple[int, ...],
-              axes: Tuple[int, ...]) -> Optional[np.ndarray]:
+              axes: Tuple[int, ...]) -> Optional[NDArray[Any]]:
     """weight or bias as an array of the normalized shape, broadcast the way
     NumPy would broadcast it in ``g * xhat + b``: a scalar, ``(1, d)``, or a
     keepdims shape (1 on every axis that is not normalized) are accepted."""
@@ -174,7 +174,7 @@ def _check_flag(value: object, name: str) -> bool:
     return bool(value)
 
 
-def _check_out(out: object, shape: Tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+def _check_out(out: object, shape: Tuple[int, ...], dtype: np.dtype[Any]) -> NDArray[Any]:
     if isinstance(out, np.ma.MaskedArray):
         raise TypeError("out: expected a numpy.ndarray, got a masked array (its mask "
                         "would not be written)")
@@ -193,7 +193,7 @@ class _Plan(NamedTuple):
     """How a call maps onto the gufuncs: the checked input and its
     normalized axes."""
 
-    x: np.ndarray
+    x: NDArray[Any]
     axes: Tuple[int, ...]
     lead_shape: Tuple[int, ...]
     norm_shape: Tuple[int, ...]
@@ -218,8 +218,8 @@ def _plan(x: object, axis: object) -> _Plan:
     return _Plan(xa, axes, tuple(xa.shape[i] for i in lead), norm_shape, lead + axes)
 
 
-def _result_dtype(x: np.ndarray, params: Sequence[Tuple[object, Optional[np.ndarray]]]
-                  ) -> np.dtype:
+def _result_dtype(x: NDArray[Any], params: Sequence[Tuple[object, Optional[NDArray[Any]]]]
+                  ) -> np.dtype[Any]:
     """NumPy's promotion of x and the parameters, as ``g * xhat + b`` would
     give it: integer and bool arrays count as float64, and a Python scalar
     parameter is weak (it never widens the result)."""
@@ -228,7 +228,7 @@ def _result_dtype(x: np.ndarray, params: Sequence[Tuple[object, Optional[np.ndar
     return np.dtype(np.result_type(*dts).char)
 
 
-def _records_view(a: np.ndarray, plan: _Plan) -> Tuple[np.ndarray, bool]:
+def _records_view(a: NDArray[Any], plan: _Plan) -> Tuple[NDArray[Any], bool]:
     """``a`` (shaped like x) with the normalized axes moved last and, if
     there are several, flattened into one: ``(view, True)`` when that is a
     view of ``a``, else ``(copy, False)``."""

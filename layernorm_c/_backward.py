@@ -96,7 +96,7 @@ class ExactSum:
         return f"ExactSum(shape={self.shape})"
 
 
-def _grad_dtype(dtype: np.dtype) -> np.dtype:
+def _grad_dtype(dtype: np.dtype[Any]) -> np.dtype[Any]:
     """dweight/dbias: float32 for records computed in float32, else float64."""
     return _F32 if dtype.itemsize <= 4 else np.dtype(np.float64)
 

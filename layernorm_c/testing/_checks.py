@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
+from numpy.typing import NDArray
 
 from .._cases import WORKED_EXAMPLES
 from ._numerics import EPS_MODES, TOLERANCES, Fit, fit, model_layer_norm, ulp_distance
@@ -68,26 +69,27 @@ def _unrepeatable(name: str) -> CheckResult:
                        "state check), so this cannot be measured")
 
 
-def _identical(a: np.ndarray, b: np.ndarray) -> bool:
+def _identical(a: NDArray[Any], b: NDArray[Any]) -> bool:
     """Bit for bit the same values (NaN equal to NaN)."""
     return a.dtype == b.dtype and bool(ulp_distance(a, b).max() == 0)
 
 
-def _repeats(p: Probe, first: np.ndarray, x: np.ndarray, w: Param, b: Param) -> bool:
+def _repeats(p: Probe, first: NDArray[Any], x: NDArray[Any], w: Param, b: Param) -> bool:
     """Whether calling again on ``x`` still gives ``first``."""
     return _identical(first, p.call_raw(x, w, b))
 
 
-def _standard_rows(rng: np.random.Generator, n: int, d: int) -> np.ndarray:
+def _standard_rows(rng: np.random.Generator, n: int, d: int) -> NDArray[Any]:
     """``n`` random records of ``d`` features with mean exactly 0 and
     population variance exactly 1 (in float64, before any cast)."""
     z = rng.standard_normal((n, d))
     z -= z.mean(axis=-1, keepdims=True)
     std = np.sqrt((z * z).mean(axis=-1, keepdims=True))
-    return z / np.where(std > 0, std, 1.0)
+    rows: NDArray[Any] = z / np.where(std > 0, std, 1.0)
+    return rows
 
 
-def _random_params(rng: np.random.Generator, d: int) -> Tuple[np.ndarray, np.ndarray]:
+def _random_params(rng: np.random.Generator, d: int) -> Tuple[NDArray[Any], NDArray[Any]]:
     """A gain of either sign away from 0 and a bias of order 1."""
     weight = rng.uniform(0.5, 2.0, d) * rng.choice([-1.0, 1.0], d)
     return weight, rng.normal(0.0, 1.0, d)
@@ -113,21 +115,21 @@ def _fmt_indices(indices: Sequence[Tuple[int, ...]], n: int = 4) -> str:
     return shown + (f" and {len(indices) - n} more" if len(indices) > n else "")
 
 
-def _max_abs_error(got: np.ndarray, want: np.ndarray) -> float:
+def _max_abs_error(got: NDArray[Any], want: NDArray[Any]) -> float:
     with np.errstate(all="ignore"):
         err = np.abs(got - want)
     return float(np.where(np.isnan(err), np.inf, err).max()) if err.size else 0.0
 
 
-def _scale_ratio(got: np.ndarray, want: np.ndarray) -> float:
+def _scale_ratio(got: NDArray[Any], want: NDArray[Any]) -> float:
     """The least-squares ``c`` in ``got ~ c * want``."""
     with np.errstate(all="ignore"):
         return float(np.sum(got * want) / np.sum(want * want))
 
 
-def _record_errors(p: Probe, got: np.ndarray, want: np.ndarray) -> np.ndarray:
+def _record_errors(p: Probe, got: NDArray[Any], want: NDArray[Any]) -> NDArray[Any]:
     """Each record's worst error in tolerance units (shape ``got.shape[:-1]``)."""
-    worst: np.ndarray = p.tol.units(got, want).max(axis=-1)
+    worst: NDArray[Any] = p.tol.units(got, want).max(axis=-1)
     return worst
 
 
@@ -270,7 +272,7 @@ def check_invariants(p: Probe) -> CheckResult:
                        "every record comes out with mean 0 and mean square 1")
 
 
-def _convention_fit(p: Probe, xs: List[np.ndarray], outputs: List[np.ndarray],
+def _convention_fit(p: Probe, xs: List[NDArray[Any]], outputs: List[NDArray[Any]],
                     eps_values: List[float]) -> Fit[Tuple[int, str]]:
     """Fit outputs (gain 1, bias 0) against every (variance denominator, eps
     placement) convention."""
@@ -385,7 +387,7 @@ AFFINE_MODELS = {
 }
 
 
-def _affine_predictions(p: Probe, x: np.ndarray, w: Param, b: Param) -> Dict[str, np.ndarray]:
+def _affine_predictions(p: Probe, x: NDArray[Any], w: Param, b: Param) -> Dict[str, NDArray[Any]]:
     """What each gain/bias convention predicts for parameters ``w``, ``b``
     (None: not taken), built on the implementation's own normalization (its
     output at gain 1, bias 0), so a defect elsewhere does not blur the fit."""
@@ -566,7 +568,7 @@ def check_cancellation(p: Probe) -> CheckResult:
     identity = p.identity_params(d)
     errors: List[float] = []
     excess: List[float] = []
-    first: Optional[Tuple[np.ndarray, np.ndarray]] = None
+    first: Optional[Tuple[NDArray[Any], NDArray[Any]]] = None
     for offset in OFFSETS:
         # The spread stays several ulps of the offset wide, so the records
         # keep a variance in any dtype.
@@ -748,9 +750,9 @@ def check_batch_invariance(p: Probe) -> CheckResult:
         layouts = [("alone", (1, 1), (0, 0)), ("in a batch of 100", (10, 10), (3, 7)),
                    ("in a batch of 15", (3, 5), (2, 4)), ("first of a batch of 7", (1, 7), (0, 0))]
     # outputs[i][j]: record j in layout i.
-    outputs: List[np.ndarray] = []
+    outputs: List[NDArray[Any]] = []
     for _, lead, at in layouts:
-        row: List[np.ndarray] = []
+        row: List[NDArray[Any]] = []
         for record in records:
             x = p.cast(rng.standard_normal(lead + (d,)))
             x[at] = record
