@@ -142,9 +142,52 @@ static void negate(u256 *t)
     }
 }
 
-static int bit_at(const u256 *t, int i)
+/* 2^e as a double, for |e| < 1000 (exact; no libm call). */
+static double pow2(int e)
 {
-    return (int)((t->w[i / 64] >> (i % 64)) & 1u);
+    uint64_t b = (uint64_t)(e + 1023) << 52;
+    double v;
+    memcpy(&v, &b, sizeof v);
+    return v;
+}
+
+/* Leading zeros of a nonzero word. */
+static int clz64(uint64_t v)
+{
+#if defined(__GNUC__) || defined(__clang__)
+    return __builtin_clzll(v);
+#else
+    int n = 0;
+    while (!(v & (UINT64_C(1) << 63))) {
+        v <<= 1;
+        n++;
+    }
+    return n;
+#endif
+}
+
+/* 64 bits of t from bit `pos` up (pos may be negative: zeros below 0). */
+static uint64_t bits_from(const u256 *t, int pos)
+{
+    if (pos < 0)
+        return t->w[0] << -pos;
+    int i = pos / 64, sh = pos % 64;
+    uint64_t v = i < 4 ? t->w[i] >> sh : 0;
+    if (sh && i + 1 < 4)
+        v |= t->w[i + 1] << (64 - sh);
+    return v;
+}
+
+/* Any bit of t below bit `pos`? */
+static int any_below(const u256 *t, int pos)
+{
+    if (pos <= 0)
+        return 0;
+    int i = pos / 64, sh = pos % 64;
+    for (int k = 0; k < i && k < 4; k++)
+        if (t->w[k])
+            return 1;
+    return sh && i < 4 && (t->w[i] & ((UINT64_C(1) << sh) - 1)) != 0;
 }
 
 /* A nonnegative 256-bit integer times 2^scale, rounded to nearest even to
@@ -153,34 +196,71 @@ static int bit_at(const u256 *t, int i)
  * every nonzero value far above the subnormal ranges of both. */
 static double round_to_bits(const u256 *m, int scale, int bits)
 {
-    int top = -1;
-    for (int i = 255; i >= 0; i--)
-        if (bit_at(m, i)) {
-            top = i;
-            break;
-        }
-    if (top < 0)
+    int w = 3;
+    while (w >= 0 && m->w[w] == 0)
+        w--;
+    if (w < 0)
         return 0.0;
-    if (top < bits) {
-        double v = 0.0; /* exact: at most `bits` bits */
-        for (int i = top; i >= 0; i--)
-            v = 2.0 * v + bit_at(m, i);
-        return ldexp(v, scale);
-    }
-    uint64_t mant = 0;
-    for (int i = top; i > top - bits; i--)
-        mant = (mant << 1) | (uint64_t)bit_at(m, i);
-    int round_bit = bit_at(m, top - bits), sticky = 0;
-    for (int i = top - bits - 1; i >= 0 && !sticky; i--)
-        sticky = bit_at(m, i);
+    int top = 64 * w + 63 - clz64(m->w[w]);
+    uint64_t window = bits_from(m, top - 63); /* the top bit at bit 63 */
+    uint64_t mant = window >> (64 - bits);
+    uint64_t rest = window << bits; /* the bits below mant, left-aligned */
+    int round_bit = (int)(rest >> 63);
+    int sticky = (rest << 1) != 0 || any_below(m, top - 63);
     if (round_bit && (sticky || (mant & 1u)))
         mant++; /* may reach 2^bits: still exact */
-    return ldexp((double)mant, scale + top - (bits - 1));
+    return (double)mant * pow2(scale + top - (bits - 1));
 }
+
+
+#if defined(__SIZEOF_INT128__)
+/* The common case, |sum| < 2^28 (the top level's total is 0 and the
+ * others fit in 64 bits): the sum in units of 2^-86 fits in 128 bits and
+ * rounds with a few word operations. */
+static int small_value(const ln_i128 *t, int bits, double *out)
+{
+    if (t[0].lo != 0 || t[0].hi != 0)
+        return 0;
+    /* T1 and T2 must be 64-bit values (hi the sign extension of lo). */
+    for (int l = 1; l < LN_ACC_LEVELS; l++)
+        if (t[l].hi != ((int64_t)t[l].lo < 0 ? -1 : 0))
+            return 0;
+    __int128 v = ((__int128)(int64_t)t[1].lo << LN_ACC_WIDTH) + (__int128)(int64_t)t[2].lo;
+    int negative = v < 0;
+    unsigned __int128 m = negative ? -(unsigned __int128)v : (unsigned __int128)v;
+    uint64_t hi = (uint64_t)(m >> 64), lo = (uint64_t)m;
+    if (hi == 0 && lo == 0) {
+        *out = 0.0;
+        return 1;
+    }
+    int top = hi ? 127 - clz64(hi) : 63 - clz64(lo);
+    double r;
+    if (top < bits) {
+        r = (double)lo; /* exact: fewer than `bits` bits */
+    } else {
+        unsigned __int128 window = m << (127 - top); /* the top bit at bit 127 */
+        uint64_t mant = (uint64_t)(window >> (128 - bits));
+        unsigned __int128 rest = window << bits;
+        int round_bit = (int)(rest >> 127);
+        int sticky = (rest << 1) != 0;
+        if (round_bit && (sticky || (mant & 1u)))
+            mant++;
+        r = (double)mant * pow2(top - (bits - 1));
+    }
+    r *= pow2(LN_ACC_TOP_EXP - LN_ACC_WIDTH * (LN_ACC_LEVELS - 1));
+    *out = negative ? -r : r;
+    return 1;
+}
+#endif
 
 /* The exact sum of feature j (after a spill), rounded to `bits` bits. */
 static double exact_value(const ln_acc *a, size_t j, int bits)
 {
+#if defined(__SIZEOF_INT128__)
+    double fast;
+    if (small_value(&a->total[j * LN_ACC_LEVELS], bits, &fast))
+        return fast;
+#endif
     /* total = sum_l T_l * 2^(14 - 50 l) = (T_0 2^100 + T_1 2^50 + T_2) 2^-86 */
     u256 t = {{0, 0, 0, 0}};
     for (int l = 0; l < LN_ACC_LEVELS; l++)

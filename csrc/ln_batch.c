@@ -63,11 +63,13 @@ typedef struct {
     int writes_stats; /* mean and var out (when given) */
     int reads_mean;   /* mean in (when given) */
     int accumulates;  /* sums over records (job->dw, job->db) */
+    int needs_weight; /* a gain row always (ones when the job has none) */
 } ln_op_info;
 
 static const ln_op_info op_info[LN_NOPS] = {
     [LN_OP_LAYER_NORM] = {.writes_stats = 1},
-    [LN_OP_LAYER_NORM_BACKWARD] = {.reads_dy = 1, .reads_mean = 1, .accumulates = 1},
+    [LN_OP_LAYER_NORM_BACKWARD] = {.reads_dy = 1, .reads_mean = 1, .accumulates = 1,
+                                   .needs_weight = 1},
 };
 
 /* ---- one worker ------------------------------------------------------- */
@@ -112,7 +114,8 @@ static int worker_scratch(ln_worker *wk, const ln_batch_ctx *c)
 {
     const ln_job *job = c->job;
     int stage_rows = !c->in_place;
-    int stage_w = job->w.ptr && !(job->w.row == 0 && ln_rows_are_direct(&job->w, c->ctype));
+    int stage_w = (job->w.ptr && !(job->w.row == 0 && ln_rows_are_direct(&job->w, c->ctype))) ||
+                  (!job->w.ptr && c->info->needs_weight);
     int stage_b = job->b.ptr && !(job->b.row == 0 && ln_rows_are_direct(&job->b, c->ctype));
     size_t row = round64(job->d * 8);
     size_t n_rows = (size_t)stage_rows * (2 + (size_t)c->info->reads_dy) + (size_t)stage_w +
@@ -141,6 +144,18 @@ static int worker_scratch(ln_worker *wk, const ln_batch_ctx *c)
     return 0;
 }
 
+/* d ones of the compute type in buf: the gain of a layer without one. */
+static const void *ones(void *buf, ln_dtype t, size_t d)
+{
+    for (size_t i = 0; i < d; i++) {
+        if (t == LN_F64)
+            ((double *)buf)[i] = 1.0;
+        else
+            ((float *)buf)[i] = 1.0f;
+    }
+    return buf;
+}
+
 static int worker_begin(void *vctx, void **state)
 {
     const ln_batch_ctx *c = vctx;
@@ -156,6 +171,8 @@ static int worker_begin(void *vctx, void **state)
     }
     if (job->w.ptr && job->w.row == 0)
         wk->w_fixed = ln_stage_in(c->k, &job->w, 0, job->d, c->ctype, wk->w);
+    else if (!job->w.ptr && c->info->needs_weight)
+        wk->w_fixed = ones(wk->w, c->ctype, job->d);
     if (job->b.ptr && job->b.row == 0)
         wk->b_fixed = ln_stage_in(c->k, &job->b, 0, job->d, c->ctype, wk->b);
     *state = wk;
@@ -262,7 +279,7 @@ static int worker_run(void *vctx, void *state, size_t begin, size_t end)
     const ln_batch_ctx *c = vctx;
     ln_worker *wk = state;
     const ln_job *job = c->job;
-    int params_fixed = (!job->w.ptr || wk->w_fixed) && (!job->b.ptr || wk->b_fixed);
+    int params_fixed = (!job->w.ptr || job->w.row == 0) && (!job->b.ptr || job->b.row == 0);
     int status = LN_OK;
     if (c->in_place && params_fixed) {
         for (size_t r = begin; r < end; r += LN_CALL_ROWS) {

@@ -340,44 +340,55 @@ static void LN_FN(back_sums)(const LN_S *x, const LN_S *dy, const LN_P *restrict
     }
 }
 
-/* dx of the elements [i0, i1), with the terms dy * xhat and dy deposited
- * into the level sums (path LN_DEPOSIT_3 or _2; sums NULL: no deposit). */
-LN_ALWAYS_INLINE void LN_FN(back_span)(const LN_S *x, const LN_S *dy, LN_S *dx, size_t i0,
+
+/* The deposits of element i (dyv, xh) for a constant `mode`. */
+LN_ALWAYS_INLINE void LN_FN(back_deposit_at)(
+    uint64_t *restrict w0, uint64_t *restrict w1, uint64_t *restrict w2, uint64_t *restrict b0,
+    uint64_t *restrict b1, uint64_t *restrict b2, double *restrict pw, double *restrict pb,
+    size_t i, LN_T dyv, LN_T xh, int mode)
+{
+    double v = (double)dyv * (double)xh, u = (double)dyv;
+    if (mode == LN_BACK_3) {
+        ln_deposit3(w0, w1, w2, i, v);
+        ln_deposit3(b0, b1, b2, i, u);
+    } else if (mode == LN_BACK_2) {
+        ln_deposit2(w1, w2, i, v);
+        ln_deposit2(b1, b2, i, u);
+    } else if (mode == LN_BACK_PLAIN) {
+        pw[i] += v;
+        pb[i] += u;
+    }
+}
+
+#define LN_SINKS w0, w1, w2, b0, b1, b2, pw, pb
+#define LN_SINK_PARAMS                                                                 \
+    uint64_t *restrict w0, uint64_t *restrict w1, uint64_t *restrict w2,              \
+        uint64_t *restrict b0, uint64_t *restrict b1, uint64_t *restrict b2,          \
+        double *restrict pw, double *restrict pb
+
+/* dx of the elements [i0, i1) and their deposits (w: the gain, never NULL
+ * here: ones when the layer has none, dy * 1 being exact). dx never
+ * shares memory with x or dy (a new array, a scratch row, or a ufunc
+ * output NumPy has separated from its inputs). */
+LN_ALWAYS_INLINE void LN_FN(back_span)(const LN_S *restrict x, const LN_S *restrict dy,
+                                       LN_S *restrict dx, size_t i0,
                                        size_t i1, const LN_P *restrict w, LN_T hi, LN_T r,
-                                       LN_T c, LN_T a, LN_T bm, uint64_t *restrict w0,
-                                       uint64_t *restrict w1, uint64_t *restrict w2,
-                                       uint64_t *restrict b0, uint64_t *restrict b1,
-                                       uint64_t *restrict b2, double *restrict pw,
-                                       double *restrict pb, int path)
+                                       LN_T c, LN_T a, LN_T bm, LN_SINK_PARAMS, int mode)
 {
     for (size_t i = i0; i < i1; i++) {
         LN_T xh = LN_FN(normalize)(LN_LOAD(x + i), hi, r, c);
         LN_T dyv = LN_LOAD(dy + i);
-        LN_STORE(dx + i, LN_FN(grad_input)(LN_FN(gain_grad)(dyv, w, i), xh, a, bm, r));
-        if (pw) { /* the benchmark's plain baseline */
-            pw[i] += (double)dyv * (double)xh;
-            pb[i] += (double)dyv;
-        }
-        if (w1 && path == LN_DEPOSIT_3)
-            ln_deposit3(w0, w1, w2, i, (double)dyv * (double)xh);
-        else if (w1)
-            ln_deposit2(w1, w2, i, (double)dyv * (double)xh);
-        if (b1 && path == LN_DEPOSIT_3)
-            ln_deposit3(b0, b1, b2, i, (double)dyv);
-        else if (b1)
-            ln_deposit2(b1, b2, i, (double)dyv);
+        LN_STORE(dx + i, LN_FN(grad_input)(dyv * (LN_T)w[i], xh, a, bm, r));
+        LN_FN(back_deposit_at)(LN_SINKS, i, dyv, xh, mode);
     }
 }
 
 /* The same over whole rows of LN_LANES (converted a row at a time where
  * the level does), then the tail. */
-LN_ALWAYS_INLINE void LN_FN(back_rows)(const LN_S *x, const LN_S *dy, LN_S *dx, size_t d,
+LN_ALWAYS_INLINE void LN_FN(back_rows)(const LN_S *restrict x, const LN_S *restrict dy,
+                                       LN_S *restrict dx, size_t d,
                                        const LN_P *restrict w, LN_T hi, LN_T r, LN_T c,
-                                       LN_T a, LN_T bm, uint64_t *restrict w0,
-                                       uint64_t *restrict w1, uint64_t *restrict w2,
-                                       uint64_t *restrict b0, uint64_t *restrict b1,
-                                       uint64_t *restrict b2, double *restrict pw,
-                                       double *restrict pb, int path)
+                                       LN_T a, LN_T bm, LN_SINK_PARAMS, int mode)
 {
     size_t i = 0;
 #if defined(LN_LOAD_ROW)
@@ -388,51 +399,54 @@ LN_ALWAYS_INLINE void LN_FN(back_rows)(const LN_S *x, const LN_S *dy, LN_S *dx, 
         for (size_t j = 0; j < LN_LANES; j++) {
             LN_T xh = LN_FN(normalize)(LN_ROW_GET(xr_, x + i, j), hi, r, c);
             LN_T dyv = LN_ROW_GET(dr_, dy + i, j);
-            v[j] = LN_FN(grad_input)(LN_FN(gain_grad)(dyv, w, i + j), xh, a, bm, r);
-            if (pw) {
-                pw[i + j] += (double)dyv * (double)xh;
-                pb[i + j] += (double)dyv;
-            }
-            if (w1 && path == LN_DEPOSIT_3)
-                ln_deposit3(w0, w1, w2, i + j, (double)dyv * (double)xh);
-            else if (w1)
-                ln_deposit2(w1, w2, i + j, (double)dyv * (double)xh);
-            if (b1 && path == LN_DEPOSIT_3)
-                ln_deposit3(b0, b1, b2, i + j, (double)dyv);
-            else if (b1)
-                ln_deposit2(b1, b2, i + j, (double)dyv);
+            v[j] = LN_FN(grad_input)(dyv * (LN_T)w[i + j], xh, a, bm, r);
+            LN_FN(back_deposit_at)(LN_SINKS, i + j, dyv, xh, mode);
         }
         LN_STORE_ROW(dx + i, v);
     }
 #endif
-    LN_FN(back_span)(x, dy, dx, i, d, w, hi, r, c, a, bm, w0, w1, w2, b0, b1, b2, pw, pb,
-                     path);
+    LN_FN(back_span)(x, dy, dx, i, d, w, hi, r, c, a, bm, LN_SINKS, mode);
 }
 
-/* dx, and the record's terms deposited into dw and db (either may be
- * NULL); path is LN_DEPOSIT_3 or LN_DEPOSIT_2 (the scalar path is the
- * record kernel's). One copy per combination, so each loop is branch-free. */
+/* One loop per mode, each a function of its own whose restrict
+ * parameters GCC honours (it drops restrict from inlined callees and
+ * would then check for overlaps at run time). */
+#define LN_BACK_LOOP(name, mode)                                                            \
+    static void LN_FN(name)(const LN_S *restrict x, const LN_S *restrict dy,                \
+                            LN_S *restrict dx, size_t d, const LN_P *restrict w, LN_T hi,  \
+                            LN_T r, LN_T c, LN_T a, LN_T bm, LN_SINK_PARAMS)                \
+    {                                                                                       \
+        LN_FN(back_rows)(x, dy, dx, d, w, hi, r, c, a, bm, LN_SINKS, mode);                 \
+    }
+LN_BACK_LOOP(back_loop_none, LN_BACK_NONE)
+LN_BACK_LOOP(back_loop_3, LN_BACK_3)
+LN_BACK_LOOP(back_loop_2, LN_BACK_2)
+LN_BACK_LOOP(back_loop_plain, LN_BACK_PLAIN)
+#undef LN_BACK_LOOP
+
+#undef LN_SINKS
+#undef LN_SINK_PARAMS
+
+/* dx, and the record's terms deposited into dw and db (both, or neither);
+ * path is LN_DEPOSIT_3, _2 or _PLAIN (the scalar path is the record
+ * kernel's). One loop per mode. */
 static void LN_FN(back_apply)(const LN_S *x, const LN_S *dy, LN_S *dx, size_t d,
                               const LN_P *restrict w, LN_T hi, LN_T r, LN_T c, LN_T a,
                               LN_T bm, ln_acc *dw, ln_acc *db, int path)
 {
-    uint64_t *w0 = dw ? dw->sum[0] : NULL, *w1 = dw ? dw->sum[1] : NULL;
-    uint64_t *w2 = dw ? dw->sum[2] : NULL;
-    uint64_t *b0 = db ? db->sum[0] : NULL, *b1 = db ? db->sum[1] : NULL;
-    uint64_t *b2 = db ? db->sum[2] : NULL;
-    if (path == LN_DEPOSIT_PLAIN && dw && db)
-        LN_FN(back_rows)(x, dy, dx, d, w, hi, r, c, a, bm, NULL, NULL, NULL, NULL, NULL, NULL,
-                         dw->huge, db->huge, path);
-    else if (dw && db && path == LN_DEPOSIT_3)
-        LN_FN(back_rows)(x, dy, dx, d, w, hi, r, c, a, bm, w0, w1, w2, b0, b1, b2, NULL, NULL,
-                         LN_DEPOSIT_3);
-    else if (dw && db)
-        LN_FN(back_rows)(x, dy, dx, d, w, hi, r, c, a, bm, NULL, w1, w2, NULL, b1, b2, NULL,
-                         NULL, LN_DEPOSIT_2);
-    else if (dw || db)
-        LN_FN(back_rows)(x, dy, dx, d, w, hi, r, c, a, bm, w0, w1, w2, b0, b1, b2, NULL, NULL,
-                         path);
+    if (!dw || !db) {
+        LN_FN(back_loop_none)(x, dy, dx, d, w, hi, r, c, a, bm, NULL, NULL, NULL, NULL, NULL,
+                              NULL, NULL, NULL);
+        return;
+    }
+    uint64_t *const *sw = dw->sum, *const *sb = db->sum;
+    if (path == LN_DEPOSIT_3)
+        LN_FN(back_loop_3)(x, dy, dx, d, w, hi, r, c, a, bm, sw[0], sw[1], sw[2], sb[0], sb[1],
+                           sb[2], NULL, NULL);
+    else if (path == LN_DEPOSIT_2)
+        LN_FN(back_loop_2)(x, dy, dx, d, w, hi, r, c, a, bm, NULL, sw[1], sw[2], NULL, sb[1],
+                           sb[2], NULL, NULL);
     else
-        LN_FN(back_rows)(x, dy, dx, d, w, hi, r, c, a, bm, NULL, NULL, NULL, NULL, NULL, NULL,
-                         NULL, NULL, path);
+        LN_FN(back_loop_plain)(x, dy, dx, d, w, hi, r, c, a, bm, NULL, NULL, NULL, NULL, NULL,
+                               NULL, dw->huge, db->huge);
 }

@@ -172,6 +172,11 @@ static inline int ln_deposit_path(const ln_back_sums *s, const ln_back_coef *c,
     return LN_DEPOSIT_SCALAR;
 }
 
+/* What a lane-form backward loop deposits: nothing, both sums on three or
+ * on two levels, or the benchmark's plain float64 sums. Always a constant
+ * at each call, so that every loop is compiled without a test per element. */
+enum { LN_BACK_NONE = 0, LN_BACK_3 = 1, LN_BACK_2 = 2, LN_BACK_PLAIN = 3 };
+
 /* The levels of a term, vector path: round(v / grid) into each level's
  * bits sum (see ln_accum.h). */
 LN_ALWAYS_INLINE void ln_deposit3(uint64_t *restrict s0, uint64_t *restrict s1,
