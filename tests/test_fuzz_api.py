@@ -778,3 +778,93 @@ def test_nan_bits_identical_across_isas():
             assert len(set(got.values())) == 1, {k: v.hex()[:32] for k, v in got.items()}
     finally:
         lnc.set_isa(old)
+
+
+# ================================================================ the backward
+
+def _backward_reference(dy, x, w, eps, axes):
+    """The textbook backward in float64 (test_backward.py's oracle)."""
+    x = x.astype(np.float64)
+    dy = dy.astype(np.float64)
+    mu = x.mean(axis=axes, keepdims=True)
+    var = ((x - mu) ** 2).mean(axis=axes, keepdims=True)
+    r = 1.0 / np.sqrt(var + eps)
+    xh = (x - mu) * r
+    if w is not None:
+        w = w.reshape([x.shape[i] if i in axes else 1 for i in range(x.ndim)])
+    g = dy if w is None else dy * w
+    dx = r * (g - g.mean(axis=axes, keepdims=True) - xh * (g * xh).mean(axis=axes, keepdims=True))
+    lead = tuple(i for i in range(x.ndim) if i not in axes)
+    return dx, (dy * xh).sum(axis=lead), dy.sum(axis=lead)
+
+
+@st.composite
+def backward_calls(draw):
+    """A layer_norm_backward call, valid or wrong in one way."""
+    fault = draw(st.sampled_from(("none",) * 6 + ("dy_shape", "dy_dtype", "weight", "mean",
+                                                  "eps", "axis")))
+    ndim = draw(st.integers(1, 3))
+    shape = tuple(draw(st.lists(st.integers(1, 2 * LANES + 3), min_size=ndim, max_size=ndim)))
+    dt = np.dtype(draw(st.sampled_from(FLOAT_DTYPES)))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    offset = draw(st.sampled_from([0.0, 3.0, 300.0 if dt != F16 else 30.0]))
+    x = (offset + rng.standard_normal(shape)).astype(dt)
+    dy = rng.standard_normal(shape).astype(draw(st.sampled_from(FLOAT_DTYPES)))
+    x = with_layout(x, draw(st.sampled_from(sorted(LAYOUTS))), rng)
+    dy = with_layout(dy, draw(st.sampled_from(sorted(LAYOUTS))), rng)
+    axis = draw(st.integers(-ndim, ndim - 1)) if fault != "axis" else ndim + 1
+    ax = (axis % ndim,) if fault != "axis" else (0,)
+    norm = tuple(shape[a] for a in ax)
+    w = None
+    if draw(st.booleans()) or fault == "weight":
+        wshape = norm if fault != "weight" else tuple(n + 1 for n in norm)
+        w = rng.uniform(0.5, 2, wshape).astype(draw(st.sampled_from(FLOAT_DTYPES)))
+    if fault == "dy_shape":
+        dy = np.zeros(shape + (2,), dy.dtype)
+    if fault == "dy_dtype":
+        dy = dy.astype(complex)
+    eps = draw(st.sampled_from([1e-5, 0.1])) if fault != "eps" else draw(
+        st.sampled_from([-1.0, float("nan"), "1e-5"]))
+    mean = None
+    if fault == "mean":
+        mean = np.zeros(tuple(n + 1 for n in shape))
+    elif draw(st.booleans()) and fault in ("none", "dy_dtype", "eps"):
+        mean = lnc.layer_norm(x, w, axis=axis, return_stats=True).mean
+    return dict(dy=dy, x=x, w=w, eps=eps, axis=axis, mean=mean, fault=fault, axes=ax)
+
+
+@FUZZ_SETTINGS
+@given(case=backward_calls())
+def test_fuzz_layer_norm_backward(case):
+    dy, x, w, eps, axis, mean = (case[k] for k in ("dy", "x", "w", "eps", "axis", "mean"))
+    snaps = {n: fs.snapshot(a) for n, a in (("dy", dy), ("x", x), ("w", w))}
+    try:
+        g = lnc.layer_norm_backward(dy, x, w, eps, axis=axis, mean=mean)
+    except (TypeError, ValueError) as exc:
+        assert case["fault"] != "none", f"a valid call raised {type(exc).__name__}: {exc}"
+        assert str(exc).split(":")[0] in ("dy", "x", "weight", "mean", "eps", "axis"), str(exc)
+        COUNTS["backward:raised"] += 1
+        return
+    assert case["fault"] == "none", "an invalid call returned"
+    for n, s in snaps.items():
+        fs.assert_unchanged(s, n)
+    axes = case["axes"]
+    dx, dw, db = _backward_reference(dy, x, None if w is None else w.astype(np.float64),
+                                     float(eps), axes)
+    rdt = np.result_type(x.dtype, dy.dtype, *(() if w is None else (w.dtype,)))
+    assert g.dx.dtype == rdt and g.dx.shape == x.shape
+    t = {F16: 8e-3, F32: 4e-5, F64: 1e-10}[np.dtype(rdt)]
+    scale = 1.0 + np.abs(dx).max()
+    assert np.abs(g.dx.astype(np.float64) - dx).max() <= t * scale * 8, "dx"
+    assert np.abs(g.dweight - dw).max() <= t * (1 + np.abs(dw).max()) * 8, "dweight"
+    assert np.abs(g.dbias - db).max() <= 1e-6 * (1 + np.abs(db).max()), "dbias"
+    # the same call without (or with) the forward's mean: the same bits,
+    # when the forward computed in the backward's dtype (dy of y's dtype)
+    fwd = lnc.layer_norm(x, w, axis=axis, return_stats=True)
+    if np.result_type(fwd.y.dtype, dy.dtype) == fwd.y.dtype:
+        other = lnc.layer_norm_backward(dy, x, w, eps, axis=axis,
+                                        mean=None if mean is not None else fwd.mean)
+        for name, a, b in zip(g._fields, g, other):
+            assert np.array_equal(a.view(f"u{a.dtype.itemsize}"),
+                                  b.view(f"u{b.dtype.itemsize}")), name
+    COUNTS["backward:ok"] += 1

@@ -238,3 +238,33 @@ def test_settings_functions():
     finally:
         lnc.set_isa(isa)
         lnc.set_num_threads(n)
+
+
+def test_backward_functions(data):
+    """layer_norm_backward, its core entry point and the exact sums: no
+    reference drift on success and error paths."""
+    x, w, b = data
+    dy = x[::-1].copy()
+    mean = lnc.layer_norm(x, w, return_stats=True).mean
+    assert_refcounts_stable(lambda: lnc.layer_norm_backward(dy, x, w), dy, x, w)
+    assert_refcounts_stable(lambda: lnc.layer_norm_backward(dy, x, w, mean=mean), dy, x, w, mean)
+    assert_refcounts_stable(lambda: _core._backward(dy, x, w, 1e-5, mean, True), dy, x, w, mean)
+    assert_refcounts_stable(lambda: _core._backward(dy, x, None, 1e-5, None, False), dy, x)
+    assert_refcounts_stable(lambda: lnc.layer_norm_backward_ufunc(dy, x, w, 1e-5), dy, x, w)
+    state = _core._backward(dy, x, w, 1e-5, None, True)[1]
+    assert_refcounts_stable(lambda: _core._acc_value(state, True), state)
+    assert_refcounts_stable(lambda: _core._acc_merge(state, state), state)
+    bad = np.zeros((3, 5), np.uint64)
+    assert_refcounts_stable(lambda: _core._acc_merge(state, bad), state, bad,
+                            expect_error=TypeError)
+    assert_refcounts_stable(lambda: _core._backward(dy, x[:, :-1], w, 1e-5, None, True), dy, x,
+                            w, expect_error=TypeError)
+    assert_refcounts_stable(lambda: lnc.layer_norm_backward(dy[:, :-1], x, w), dy, x, w,
+                            expect_error=ValueError)
+    layer = lnc.LayerNorm(x.shape[-1], dtype=x.dtype)
+
+    def step():
+        layer(x)
+        return layer.backward(dy)
+
+    assert_refcounts_stable(step, x, dy)

@@ -41,7 +41,8 @@ def main(argv=None) -> int:
     import test_fuzz_api as t  # noqa: E402  (after the environment is set)
     import layernorm_c as lnc  # noqa: E402
 
-    tests = [t.test_fuzz_layer_norm, t.test_fuzz_layer_norm_ufunc]
+    tests = [t.test_fuzz_layer_norm, t.test_fuzz_layer_norm_ufunc,
+             t.test_fuzz_layer_norm_backward]
     print(f"fuzz_api: layernorm_c from {Path(lnc.__file__).parent}, ISA {lnc.get_isa()}, "
           f"{lnc.get_num_threads()} thread(s), {args.minutes} min", flush=True)
     t0 = time.monotonic()

@@ -74,9 +74,39 @@ def success_paths(isa: str) -> None:
             ok(_core._ln_b, x, b, 1e-5)
             ok(_core._ln_none, x, 1e-5)
             ok(lnc.layer_norm, np.zeros((0, d), dt))
+    backward_paths(rng)
     ok(lnc.layer_norm, np.arange(12).reshape(3, 4))       # integer input
     ok(lnc.layer_norm, [[1.0, 2.0], [3.0, 5.0]])          # list input
     ok(lnc.layer_norm, np.zeros((2, 3), np.float32), np.ones(3), None)  # promotion
+
+
+def backward_paths(rng) -> None:
+    """layer_norm_backward, its gufunc, the exact sums and the layer."""
+    for dt in (np.float16, np.float32, np.float64):
+        for d in (1, 9, 40):
+            x = rng.standard_normal((3, d)).astype(dt)
+            dy = rng.standard_normal((3, d)).astype(dt)
+            w = rng.standard_normal(d).astype(dt)
+            ok(lnc.layer_norm_backward, dy, x, w)
+            ok(lnc.layer_norm_backward, dy, x)
+            ok(lnc.layer_norm_backward, dy[:, ::-1], x[:, ::-1], w, axis=-1)
+            ok(lnc.layer_norm_backward, dy, x, w, mean=lnc.layer_norm(x, return_stats=True).mean)
+            ok(lnc.layer_norm_backward, dy.T, x.T, axis=0)
+            ok(lnc.layer_norm_backward_ufunc, dy, x, w, 1e-5)
+            ok(_core._backward, dy, x, w, 1e-5, None, False)
+            ok(_core._backward, dy, x, None, 1e-5, None, 2)
+            dy2 = dy.copy()
+            dy2[0, 0] = np.nan
+            ok(lnc.layer_norm_backward, dy2, x, w)          # the scalar deposit path
+            layer = lnc.LayerNorm(d, dtype=dt)
+            ok(layer, x)
+            ok(layer.backward, dy)
+            ok(layer.zero_grad)
+            ok(layer.load_state_dict, layer.state_dict())
+    a = ok(lambda: lnc.layer_norm_backward(np.ones((2, 3)), np.eye(2, 3)))
+    s = lnc.ExactSum((3,))
+    ok(lambda: (s + s).value(np.float32))
+    assert a.dbias.shape == (3,)
 
 
 def error_paths() -> None:
@@ -108,6 +138,16 @@ def error_paths() -> None:
     expect_error(lnc.layer_norm_ufunc, x, np.ones(3), np.zeros(3), 1e-5, out=np.empty(3))
     expect_error(lnc.layer_norm_ufunc, x, np.ones(3), np.zeros(3), 1e-5,
                  out=np.empty((2, 3), int))
+    expect_error(lnc.layer_norm_backward, np.ones((2, 4)), x)
+    expect_error(lnc.layer_norm_backward, x, x, mean=np.zeros(3))
+    expect_error(lnc.layer_norm_backward, x, x, np.ones(4))
+    expect_error(lnc.layer_norm_backward, x, x, eps=-1.0)
+    expect_error(_core._backward, x, x, None, 1e-5, None)            # wrong arity
+    expect_error(_core._backward, x, np.ones((2, 4)), None, 1e-5, None, True)
+    expect_error(_core._acc_merge, np.zeros((3, 8), np.uint64), np.zeros((4, 8), np.uint64))
+    expect_error(_core._acc_value, np.zeros((3, 7), np.uint64), False)
+    expect_error(lnc.LayerNorm, 0)
+    expect_error(lnc.LayerNorm(3).load_state_dict, {"weight": np.ones(4), "bias": np.ones(3)})
     expect_error(lnc.set_isa, "nope")
     expect_error(lnc.set_isa, 3)
     expect_error(_core.set_isa, 3)
@@ -124,7 +164,7 @@ def fast_odd_arguments() -> None:
         CALLS += 1
         assert _core._fast(*args) is NotImplemented, args   # wrong arity
     for args in [(x, None, None, -1.0, False), (x, None, None, 1, False),
-                 (x, np.ones(4), None, 1e-5, False), (x, None, np.ones(3, np.float32), 1e-5, False),
+                 (x, np.ones(4), None, 1e-5, False), (x, None, np.ones(3, complex), 1e-5, False),
                  (x.T, None, None, 1e-5, False), (np.ones((2, 0)), None, None, 1e-5, False),
                  ([1.0, 2.0], None, None, 1e-5, False), (np.float64(1.0), None, None, 1e-5, False)]:
         CALLS += 1
