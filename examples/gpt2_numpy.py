@@ -219,23 +219,43 @@ def token_ids(cfg: Config, batch: int, tokens: int, seed: int = 1) -> np.ndarray
 # -------------------------------------------------------------- measurement
 
 
+#: The clocks every timing reads: the CPU time of this process (all its
+#: threads; it leaves out the time other processes of a shared machine take
+#: the core away) and the wall clock.
+CLOCKS: Dict[str, Callable[[], float]] = {"cpu": time.process_time, "wall": time.perf_counter}
+
+
+CLOCK_NAMES = {"cpu": "CPU time of the process", "wall": "wall-clock time"}
+CLOCK_SHORT = {"cpu": "CPU", "wall": "wall"}
+
+
+def _now() -> Dict[str, float]:
+    return {name: clock() for name, clock in CLOCKS.items()}
+
+
+def _since(start: Dict[str, float]) -> Dict[str, float]:
+    return {name: clock() - start[name] for name, clock in CLOCKS.items()}
+
+
 class TimedLayerNorm:
-    """Wraps a layer norm; adds up the time and the number of its calls,
-    and counts the (x, g) dtypes it was called with."""
+    """Wraps a layer norm; adds up the time of its calls on each clock
+    (``seconds["cpu"]``, ``seconds["wall"]``), counts them and the (x, g)
+    dtypes they were made with."""
 
     def __init__(self, fn: Callable):
         self.fn = fn
         self.reset()
 
     def reset(self):
-        self.seconds = 0.0
+        self.seconds = dict.fromkeys(CLOCKS, 0.0)
         self.calls = 0
         self.dtypes: Counter = Counter()
 
     def __call__(self, x, g, b, eps=1e-5):
-        start = time.perf_counter()
+        start = _now()
         y = self.fn(x, g, b, eps)
-        self.seconds += time.perf_counter() - start
+        for name, spent in _since(start).items():
+            self.seconds[name] += spent
         self.calls += 1
         self.dtypes[(np.dtype(x.dtype).name, np.dtype(g.dtype).name)] += 1
         return y
@@ -302,8 +322,10 @@ class CaseResult:
     tokens: int
     mode: str
     repeats: int
-    forward_runs: Dict[str, List[float]]   # seconds per forward, per repeat
-    ln_runs: Dict[str, List[float]]        # seconds in its LN calls, per repeat
+    # {clock: {"NumPy" or "lnc": [seconds per forward, one per repeat]}}
+    forward_runs: Dict[str, Dict[str, List[float]]]
+    # the same for the time spent in the LN calls of each forward
+    ln_runs: Dict[str, Dict[str, List[float]]]
     ln_calls: int
     ln_dtypes: Dict[str, int]
     diff_lnc_numpy: Tuple[float, float]
@@ -314,15 +336,13 @@ class CaseResult:
     def label(self) -> str:
         return f"{self.batch} × {self.tokens}"
 
-    @property
-    def forward(self) -> Dict[str, float]:
+    def forward(self, clock: str = "cpu") -> Dict[str, float]:
         """Median seconds per forward."""
-        return {k: statistics.median(v) for k, v in self.forward_runs.items()}
+        return {k: statistics.median(v) for k, v in self.forward_runs[clock].items()}
 
-    @property
-    def ln(self) -> Dict[str, float]:
+    def ln(self, clock: str = "cpu") -> Dict[str, float]:
         """Median seconds spent in the LN calls of one forward."""
-        return {k: statistics.median(v) for k, v in self.ln_runs.items()}
+        return {k: statistics.median(v) for k, v in self.ln_runs[clock].items()}
 
     @staticmethod
     def _paired(runs: Dict[str, List[float]]) -> float:
@@ -330,31 +350,29 @@ class CaseResult:
         taken within one round (the two forwards ran back to back)."""
         return statistics.median(a / b for a, b in zip(runs["NumPy"], runs["lnc"]))
 
-    @property
-    def forward_speedup(self) -> float:
-        return self._paired(self.forward_runs)
+    def forward_speedup(self, clock: str = "cpu") -> float:
+        return self._paired(self.forward_runs[clock])
 
-    @property
-    def ln_speedup(self) -> float:
-        return self._paired(self.ln_runs)
+    def ln_speedup(self, clock: str = "cpu") -> float:
+        return self._paired(self.ln_runs[clock])
 
-    @property
-    def ln_saving(self) -> float:
+    def ln_saving(self, clock: str = "cpu") -> float:
         """The LN time saved, as a fraction of the NumPy-LN forward: the
         whole-forward gain the LN speed-up alone accounts for."""
-        return (self.ln["NumPy"] - self.ln["lnc"]) / self.forward["NumPy"]
+        ln, forward = self.ln(clock), self.forward(clock)
+        return (ln["NumPy"] - ln["lnc"]) / forward["NumPy"]
 
 
 def _timed_forwards(ids, params, n_head, promote, repeats):
     """Warm-up forwards (their logits are returned), then ``repeats``
-    round-robin rounds, alternating which layer norm goes first; medians of
-    the forward time and of the time inside LN calls."""
+    round-robin rounds, alternating which layer norm goes first: the time
+    of every forward and of the LN calls inside it, on each clock."""
     impls = {"NumPy": TimedLayerNorm(numpy_layer_norm), "lnc": TimedLayerNorm(lnc_layer_norm)}
     logits = {name: gpt2_forward(ids, params, n_head, ln, promote) for name, ln in impls.items()}
     dtypes = dict(impls["lnc"].dtypes)
     calls = impls["lnc"].calls
-    forward: Dict[str, List[float]] = {name: [] for name in impls}
-    inside: Dict[str, List[float]] = {name: [] for name in impls}
+    forward = {clock: {name: [] for name in impls} for clock in CLOCKS}
+    inside = {clock: {name: [] for name in impls} for clock in CLOCKS}
     order = list(impls)
     gc_was_enabled = gc.isenabled()
     gc.disable()
@@ -363,10 +381,11 @@ def _timed_forwards(ids, params, n_head, promote, repeats):
             for name in (order if r % 2 == 0 else order[::-1]):
                 ln = impls[name]
                 ln.reset()
-                start = time.perf_counter()
+                start = _now()
                 gpt2_forward(ids, params, n_head, ln, promote)
-                forward[name].append(time.perf_counter() - start)
-                inside[name].append(ln.seconds)
+                for clock, spent in _since(start).items():
+                    forward[clock][name].append(spent)
+                    inside[clock][name].append(ln.seconds[clock])
             gc.collect()
     finally:
         if gc_was_enabled:
@@ -429,9 +448,10 @@ def cpu_model() -> str:
 
 
 def machine_lines() -> List[str]:
+    usable: Optional[int]
     try:
         usable = len(os.sched_getaffinity(0))
-    except AttributeError:
+    except AttributeError:  # not on macOS and Windows
         usable = os.cpu_count()
     blas = {k: os.environ[k] for k in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS",
                                          "MKL_NUM_THREADS") if k in os.environ}
@@ -470,17 +490,22 @@ def _diff(d: Optional[Tuple[float, float]]) -> str:
     return f"{d[0]:.1e} ({d[1]:.0e})"
 
 
-def tables(results: Sequence[CaseResult], probes: Dict[str, Dict[str, dict]]
-           ) -> List[Tuple[str, List[str], List[List[str]]]]:
-    """(title, header, rows) of each table."""
+def tables(results: Sequence[CaseResult], probes: Dict[str, Dict[str, dict]],
+           clock: str = "cpu") -> List[Tuple[str, List[str], List[List[str]]]]:
+    """(title, header, rows) of each table; times on ``clock``, plus the
+    whole-forward speed-up on the other clock."""
+    other = next(c for c in CLOCKS if c != clock)
     ln_rows, fwd_rows, acc_rows, probe_rows = [], [], [], []
     for r in results:
+        ln, fwd = r.ln(clock), r.forward(clock)
         ln_rows.append([r.label, r.mode,
-                        f"{_ms(r.ln['NumPy'])} ({_pct(r.ln['NumPy'], r.forward['NumPy'])})",
-                        f"{_ms(r.ln['lnc'])} ({_pct(r.ln['lnc'], r.forward['lnc'])})",
-                        f"{r.ln_speedup:.1f}"])
-        fwd_rows.append([r.label, r.mode, _sec(r.forward["NumPy"]), _sec(r.forward["lnc"]),
-                         f"{r.forward_speedup:.3f}", f"{100 * r.ln_saving:.1f} %"])
+                        f"{_ms(ln['NumPy'])} ({_pct(ln['NumPy'], fwd['NumPy'])})",
+                        f"{_ms(ln['lnc'])} ({_pct(ln['lnc'], fwd['lnc'])})",
+                        f"{r.ln_speedup(clock):.1f}"])
+        fwd_rows.append([r.label, r.mode, _sec(fwd["NumPy"]), _sec(fwd["lnc"]),
+                         f"{r.forward_speedup(clock):.3f}",
+                         f"{r.forward_speedup(other):.3f}",
+                         f"{100 * r.ln_saving(clock):.1f} %"])
         acc_rows.append([r.label, r.mode, _diff(r.diff_lnc_numpy),
                          _diff(r.diff_vs_ref["NumPy"]), _diff(r.diff_vs_ref["lnc"])])
     for key, stats in probes.items():
@@ -493,8 +518,9 @@ def tables(results: Sequence[CaseResult], probes: Dict[str, Dict[str, dict]]
         ("Layer-norm time per forward, share of the forward",
          ["input", "activations", "NumPy LN", "lnc LN", "speed-up"], ln_rows),
         ("Whole forward pass",
-         ["input", "activations", "with NumPy LN", "with lnc LN", "speed-up", "LN saving"],
-         fwd_rows),
+         ["input", "activations", "with NumPy LN", "with lnc LN",
+          f"speed-up, {CLOCK_SHORT[clock]}", f"speed-up, {CLOCK_SHORT[other]}",
+          "LN saving"], fwd_rows),
         ("Logits: max abs difference (relative)",
          ["input", "activations", "lnc vs NumPy", "NumPy vs ref.", "lnc vs ref."], acc_rows),
         ("Layer-norm calls: max, mean abs error",
@@ -524,11 +550,15 @@ def format_rst(tabs, head: Sequence[str]) -> str:
     return "\n".join(out)
 
 
-def bench(cfg, cases, modes, repeats, probe_case, rst_path=None) -> List[CaseResult]:
+
+
+def bench(cfg, cases, modes, repeats, probe_case, rst_path=None, clock="cpu"
+          ) -> List[CaseResult]:
     head = machine_lines()
     head.append(f"Model: n_layer {cfg.n_layer}, n_head {cfg.n_head}, n_embd {cfg.n_embd}, "
                 f"vocab {cfg.n_vocab}; {2 * cfg.n_layer + 1} layer-norm calls per forward; "
-                f"{repeats} round-robin repeats after a warm-up forward of each")
+                f"{repeats} round-robin repeats after a warm-up forward of each; times "
+                f"are {CLOCK_NAMES[clock]}")
     print("\n".join(head), flush=True)
     params32 = init_params(cfg)
     params64 = cast_params(params32, np.float64)
@@ -536,11 +566,14 @@ def bench(cfg, cases, modes, repeats, probe_case, rst_path=None) -> List[CaseRes
     for batch, tokens in cases:
         case = run_case(cfg, params32, params64, batch, tokens, modes, repeats)
         for r in case:
-            print(f"  {r.label} {r.mode}: forward {_sec(r.forward['NumPy'])} / "
-                  f"{_sec(r.forward['lnc'])}, LN {_ms(r.ln['NumPy'])} / {_ms(r.ln['lnc'])}; "
-                  f"LN calls {r.ln_dtypes}", flush=True)
+            times = "; ".join(
+                f"{c}: forward {_sec(r.forward(c)['NumPy'])} / {_sec(r.forward(c)['lnc'])}, "
+                f"LN {_ms(r.ln(c)['NumPy'])} / {_ms(r.ln(c)['lnc'])}" for c in CLOCKS)
+            print(f"  {r.label} {r.mode} (NumPy / lnc) {times}; LN calls {r.ln_dtypes}",
+                  flush=True)
         results += case
-    probes = probe_layer_norms(cfg, params32, params64, *probe_case, modes)
+    probes = probe_layer_norms(cfg, params32, params64, probe_case[0], probe_case[1],
+                               modes)
     try:
         load = ", ".join(f"{v:.2f}" for v in os.getloadavg())
         head[-2] += f"; at end: {load}"
@@ -549,7 +582,7 @@ def bench(cfg, cases, modes, repeats, probe_case, rst_path=None) -> List[CaseRes
     head.append(f"Per-call accuracy: one forward of {probe_case[0]} × {probe_case[1]} tokens "
                 "per mode; exact = the result is the formula's value rounded to the "
                 "output dtype")
-    tabs = tables(results, probes)
+    tabs = tables(results, probes, clock)
     print()
     print(format_text(tabs))
     if rst_path:
@@ -572,7 +605,8 @@ def demo(cfg, batch, tokens) -> int:
         start = time.perf_counter()
         logits[name] = gpt2_forward(ids, params, cfg.n_head, ln)
         total = time.perf_counter() - start
-        print(f"{name:>5} LN: forward {_sec(total)}, {ln.calls} LN calls {_ms(ln.seconds)}")
+        print(f"{name:>5} LN: forward {_sec(total)}, {ln.calls} LN calls "
+              f"{_ms(ln.seconds['wall'])} (wall clock)")
     ref = gpt2_forward(ids, cast_params(params, np.float64), cfg.n_head)
     print(f"logits {logits['lnc'].shape} {logits['lnc'].dtype}; "
           "max abs difference (relative):")
@@ -602,6 +636,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         help="activation dtypes, of " + ", ".join(MODES))
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--rst", help="with --bench: also write the tables to this file")
+    parser.add_argument("--clock", choices=list(CLOCKS), default="cpu",
+                        help="the clock of the tables (default: the CPU time of the "
+                             "process, robust to other processes on a shared machine)")
     args = parser.parse_args(argv)
     cfg = SMALL if args.small else GPT2_SMALL
     cases = _parse_cases(args.cases) if args.cases else (
@@ -614,7 +651,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         parser.error(f"--cases: at most {cfg.n_ctx} tokens for this model")
     if not args.bench:
         return demo(cfg, *cases[0])
-    bench(cfg, cases, modes, max(1, args.repeats), cases[0], args.rst)
+    bench(cfg, cases, modes, max(1, args.repeats), cases[0], args.rst, args.clock)
     return 0
 
 
