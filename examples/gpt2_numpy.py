@@ -52,7 +52,9 @@ import layernorm_c as lnc
 
 
 def gelu(x):
-    """GPT-2's tanh approximation of GELU."""
+    """GPT-2's tanh approximation of GELU, with ``x ** 3`` as the prototypes
+    write it (NumPy evaluates it with ``pow``, far slower than ``x * x * x``:
+    see docs/gpt2.rst)."""
     inner = math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)
     return 0.5 * x * (1.0 + np.tanh(inner))
 
@@ -234,7 +236,10 @@ def _now() -> Dict[str, float]:
 
 
 def _since(start: Dict[str, float]) -> Dict[str, float]:
-    return {name: clock() - start[name] for name, clock in CLOCKS.items()}
+    """Seconds since ``_now()`` on each clock, read in the reverse order, so
+    the readings nest and the wall clock's interval holds no other reading."""
+    end = {name: CLOCKS[name]() for name in reversed(CLOCKS)}
+    return {name: end[name] - start[name] for name in CLOCKS}
 
 
 class TimedLayerNorm:
@@ -572,6 +577,9 @@ def bench(cfg, cases, modes, repeats, probe_case, rst_path=None, clock="cpu"
             print(f"  {r.label} {r.mode} (NumPy / lnc) {times}; LN calls {r.ln_dtypes}",
                   flush=True)
         results += case
+    bad = [f"{r.label} {r.mode}" for r in results if not r.finite]
+    if bad:
+        print(f"WARNING: non-finite logits in {bad}", flush=True)
     probes = probe_layer_norms(cfg, params32, params64, probe_case[0], probe_case[1],
                                modes)
     try:
