@@ -27,12 +27,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 #: Needed by the test suite, whatever git says (tests, their helpers, the
-#: docs they build, the benchmark they run, the CI script they read).
+#: docs they build, the benchmark and the example they run, the CI script
+#: they read).
 NEEDED = ["LICENSE", "README.md", "pyproject.toml", "setup.py", "MANIFEST.in",
           "pytest_layernorm_c.py", ".ci/run", "tests/conftest.py",
           "tests/subprocess_support.py", "tests/cases.py", "tests/fuzz_support.py",
-          "docs/conf.py",
-          "docs/index.rst", "docs/_static/bench.png", "benchmarks/bench.py"]
+          "docs/conf.py", "docs/index.rst", "docs/_static/bench.png", "benchmarks/bench.py",
+          "examples/gpt2_numpy.py"]
 
 
 def tracked_files() -> list[str] | None:
