@@ -114,3 +114,22 @@ def test_the_gradient_check_catches_a_wrong_layer_norm_gain_gradient(example,
 
     monkeypatch.setattr(example.lnc.LayerNorm, "backward", wrong)
     assert _gradient_error(example) > 1e-3
+
+
+def _shape(text: str) -> list[str]:
+    """The lines with every number masked and runs of spaces collapsed."""
+    number = r"\d+(\.\d+)?(e[+-]?\d+)?"
+    return [" ".join(re.sub(number, "#", line).split()) for line in text.splitlines()]
+
+
+def test_the_docs_show_this_example_s_output(quick_run):
+    """docs/training.rst quotes a full run (docs/train_mlp_output.txt,
+    ``python examples/train_mlp.py > docs/train_mlp_output.txt``): line for
+    line what the example prints today, but for the numbers (another
+    machine, fewer steps). Without torch, up to the PyTorch part."""
+    quoted = (EXAMPLE.parents[1] / "docs" / "train_mlp_output.txt").read_text(encoding="utf-8")
+    want, got = _shape(quoted), _shape(quick_run)
+    if "PyTorch: not installed, skipped" in quick_run:
+        want = want[:next(i for i, line in enumerate(want) if line.startswith("PyTorch"))]
+        got = got[:-1]
+    assert got == want
