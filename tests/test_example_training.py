@@ -133,3 +133,15 @@ def test_the_docs_show_this_example_s_output(quick_run):
         want = want[:next(i for i, line in enumerate(want) if line.startswith("PyTorch"))]
         got = got[:-1]
     assert got == want
+
+
+def test_readme_training_snippet_runs(capsys):
+    """The README's "Training" example runs, and prints what it says."""
+    readme = (EXAMPLE.parents[1] / "README.md").read_text(encoding="utf-8")
+    section = readme.split("\n## Training\n", 1)[1].split("\n## ", 1)[0]
+    assert "examples/train_mlp.py" in section and "docs/training.rst" in section
+    code = re.search(r"^```python\n(.*?)^```$", section, re.M | re.S).group(1)
+    exec(compile(code, "README.md (Training)", "exec"), {"__name__": "__readme__"})
+    printed = capsys.readouterr().out.splitlines()
+    quoted = [m.group(1).strip() for m in re.finditer(r"print\(.*\)\s*#\s*(.*)$", code, re.M)]
+    assert quoted and printed == quoted
