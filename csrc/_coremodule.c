@@ -58,13 +58,14 @@ static ln_dtype stats_dtype(ln_dtype t)
 /* ---- the gufuncs -------------------------------------------------------- */
 
 /* One generalized ufunc: which operands it has, in NumPy's order
- * [dy], x, [weight], [bias], eps -> y, [mean, var]. */
+ * [dy], x, [weight], [bias], eps -> y, [mean, var] (or [ms]). */
 typedef struct {
     const char *attr;      /* module attribute */
     const char *signature;
     const char *doc;
     ln_op op;
-    int has_dy, has_w, has_b, has_stats;
+    int has_dy, has_w, has_b;
+    int n_stats; /* statistics out: 0, 1 (RMSNorm's mean square), 2 (mean, var) */
 } ln_gufunc;
 
 #define LN_LOOP_DTYPES 3 /* float16, float32, float64 */
@@ -92,28 +93,51 @@ static const char backward_doc[] =
     "float32), float32, float64. An invalid eps gives NaN records and the\n"
     "floating-point 'invalid' warning.";
 
+static const char rms_doc[] =
+    "rms_norm_ufunc(x, weight, eps, /, out=None, *, axes=None, ...)\n"
+    "\n"
+    "RMS normalization as a generalized ufunc, signature (n),(n),()->(n):\n"
+    "every record of n features is divided by sqrt(mean(x^2) + eps) and\n"
+    "scaled by weight (pass 1 + weight for the Gemma convention; rms_norm()\n"
+    "names it). Loops: float16 (computed in float32), float32, float64.";
+
+static const char rms_backward_doc[] =
+    "rms_norm_backward_ufunc(dy, x, weight, eps, /, out=None, *, axes=None, ...)\n"
+    "\n"
+    "The gradient of RMS normalization with respect to its input, as a\n"
+    "generalized ufunc, signature (n),(n),(n),()->(n): dy, x, weight, eps\n"
+    "-> dx per record (weight: the scale actually applied).";
+
 static const ln_gufunc gufuncs[] = {
     {.attr = "layer_norm", .signature = "(n),(n),(n),()->(n)", .doc = public_doc,
-     .op = LN_OP_LAYER_NORM, .has_w = 1, .has_b = 1, .has_stats = 0},
+     .op = LN_OP_LAYER_NORM, .has_w = 1, .has_b = 1},
     {.attr = "_ln_wb", .signature = "(n),(n),(n),()->(n),(),()",
      .doc = "x, weight, bias, eps -> y, mean, var",
-     .op = LN_OP_LAYER_NORM, .has_w = 1, .has_b = 1, .has_stats = 1},
+     .op = LN_OP_LAYER_NORM, .has_w = 1, .has_b = 1, .n_stats = 2},
     {.attr = "_ln_w", .signature = "(n),(n),()->(n),(),()",
      .doc = "x, weight, eps -> y, mean, var",
-     .op = LN_OP_LAYER_NORM, .has_w = 1, .has_b = 0, .has_stats = 1},
+     .op = LN_OP_LAYER_NORM, .has_w = 1, .has_b = 0, .n_stats = 2},
     {.attr = "_ln_b", .signature = "(n),(n),()->(n),(),()",
      .doc = "x, bias, eps -> y, mean, var",
-     .op = LN_OP_LAYER_NORM, .has_w = 0, .has_b = 1, .has_stats = 1},
+     .op = LN_OP_LAYER_NORM, .has_w = 0, .has_b = 1, .n_stats = 2},
     {.attr = "_ln_none", .signature = "(n),()->(n),(),()",
      .doc = "x, eps -> y, mean, var",
-     .op = LN_OP_LAYER_NORM, .has_w = 0, .has_b = 0, .has_stats = 1},
+     .op = LN_OP_LAYER_NORM, .has_w = 0, .has_b = 0, .n_stats = 2},
     {.attr = "layer_norm_backward", .signature = "(n),(n),(n),()->(n)", .doc = backward_doc,
      .op = LN_OP_LAYER_NORM_BACKWARD, .has_dy = 1, .has_w = 1},
+    {.attr = "rms_norm", .signature = "(n),(n),()->(n)", .doc = rms_doc,
+     .op = LN_OP_RMS_NORM, .has_w = 1},
+    {.attr = "_rms_w", .signature = "(n),(n),()->(n),()", .doc = "x, weight, eps -> y, ms",
+     .op = LN_OP_RMS_NORM, .has_w = 1, .n_stats = 1},
+    {.attr = "_rms_none", .signature = "(n),()->(n),()", .doc = "x, eps -> y, ms",
+     .op = LN_OP_RMS_NORM, .n_stats = 1},
+    {.attr = "rms_norm_backward", .signature = "(n),(n),(n),()->(n)", .doc = rms_backward_doc,
+     .op = LN_OP_RMS_NORM_BACKWARD, .has_dy = 1, .has_w = 1},
 };
 #define LN_NGUFUNCS (sizeof gufuncs / sizeof gufuncs[0])
 
 static int gufunc_nin(const ln_gufunc *g) { return 2 + g->has_dy + g->has_w + g->has_b; }
-static int gufunc_nout(const ln_gufunc *g) { return 1 + 2 * g->has_stats; }
+static int gufunc_nout(const ln_gufunc *g) { return 1 + g->n_stats; }
 
 /* What a loop gets as its data: the gufunc and the dtype of the loop. */
 typedef struct {
@@ -156,10 +180,10 @@ static void fill_job(ln_job *job, const ln_gufunc *g, ln_dtype t, char **args,
         job->b = loop_operand(args[a], steps[a], core[c++], t), a++;
     job->eps = loop_operand(args[a], steps[a], 0, LN_F64), a++;
     job->y = loop_operand(args[a], steps[a], core[c++], t), a++;
-    if (g->has_stats) {
+    if (g->n_stats == 2)
         job->mean = loop_operand(args[a], steps[a], 0, stats_dtype(t)), a++;
+    if (g->n_stats >= 1)
         job->var = loop_operand(args[a], steps[a], 0, stats_dtype(t)), a++;
-    }
 }
 
 /* The inner loop of every gufunc. An invalid eps gives NaN records and
@@ -205,10 +229,8 @@ static void fill_types(char *types, const ln_gufunc *g, ln_dtype t)
         types[n++] = row;
     types[n++] = NPY_DOUBLE;
     types[n++] = row;
-    if (g->has_stats) {
+    for (int i = 0; i < g->n_stats; i++)
         types[n++] = stat;
-        types[n++] = stat;
-    }
 }
 
 static int add_gufuncs(PyObject *m)
@@ -226,7 +248,11 @@ static int add_gufuncs(PyObject *m)
         PyObject *uf = PyUFunc_FromFuncAndDataAndSignature(
             loop_funcs[i], loop_data_ptrs[i], loop_types[i], LN_LOOP_DTYPES,
             gufunc_nin(g), gufunc_nout(g), PyUFunc_None,
-            g->has_dy ? "layer_norm_backward" : "layer_norm", g->doc, 0, g->signature);
+            g->op == LN_OP_LAYER_NORM_BACKWARD ? "layer_norm_backward"
+            : g->op == LN_OP_RMS_NORM          ? "rms_norm"
+            : g->op == LN_OP_RMS_NORM_BACKWARD ? "rms_norm_backward"
+                                               : "layer_norm",
+            g->doc, 0, g->signature);
         if (uf == NULL)
             return -1;
         if (PyModule_AddObject(m, g->attr, uf) < 0) {
@@ -346,7 +372,7 @@ static ln_operand stats_operand(PyObject *a)
 }
 
 /*
- * _fast(x, weight, bias, eps, out, return_stats): layer_norm over the last
+ * fast_norm: _fast(x, weight, bias, eps, out, return_stats) is layer_norm over the last
  * axis for the common case (C-contiguous native float x; (d,) float
  * parameters of any dtype and stride, or None; a valid float eps; out None
  * or a matching C-contiguous array; a bool return_stats). Returns
@@ -356,10 +382,8 @@ static ln_operand stats_operand(PyObject *a)
  * arithmetic. Mixed dtypes are computed in the widest, converting rows as
  * they are read, like the general path's promotion.
  */
-static PyObject *fast_layer_norm(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+static PyObject *fast_norm(ln_op op, PyObject *const *args, int w_in_ctype)
 {
-    if (nargs != 6)
-        Py_RETURN_NOTIMPLEMENTED;
     ln_dtype xt;
     if (fast_dtype(args[0], &xt) < 0)
         Py_RETURN_NOTIMPLEMENTED;
@@ -377,11 +401,16 @@ static PyObject *fast_layer_norm(PyObject *self, PyObject *const *args, Py_ssize
 
     ln_job job;
     memset(&job, 0, sizeof job);
-    job.op = LN_OP_LAYER_NORM;
+    job.op = op;
     job.dtype = xt;
     if (fast_param(args[1], d, &job.w, &job.dtype) < 0 ||
         fast_param(args[2], d, &job.b, &job.dtype) < 0)
         Py_RETURN_NOTIMPLEMENTED;
+    if (w_in_ctype) { /* the weight is x's compute type: the result keeps x's dtype */
+        if (job.w.ptr == NULL || job.w.dtype != ln_compute_dtype(xt))
+            Py_RETURN_NOTIMPLEMENTED;
+        job.dtype = xt;
+    }
 
     PyObject *y = NULL, *mean = NULL, *var = NULL;
     int rc_out = fast_out(args[4], x, job.dtype, &y);
@@ -391,12 +420,16 @@ static PyObject *fast_layer_norm(PyObject *self, PyObject *const *args, Py_ssize
         return NULL;
     if (want_stats) {
         int st = npy_type_of(stats_dtype(job.dtype));
-        mean = PyArray_SimpleNew(nd - 1, PyArray_DIMS(x), st);
         var = PyArray_SimpleNew(nd - 1, PyArray_DIMS(x), st);
-        if (mean == NULL || var == NULL)
+        if (var == NULL)
             goto fail;
-        job.mean = stats_operand(mean);
         job.var = stats_operand(var);
+        if (op == LN_OP_LAYER_NORM) { /* RMSNorm returns its mean square alone */
+            mean = PyArray_SimpleNew(nd - 1, PyArray_DIMS(x), st);
+            if (mean == NULL)
+                goto fail;
+            job.mean = stats_operand(mean);
+        }
     }
 
     npy_intp x_isz = PyArray_ITEMSIZE(x);
@@ -429,6 +462,8 @@ static PyObject *fast_layer_norm(PyObject *self, PyObject *const *args, Py_ssize
     }
     if (!want_stats)
         return y;
+    if (op == LN_OP_RMS_NORM)
+        return Py_BuildValue("(NN)", y, var);
     return Py_BuildValue("(NNN)", y, mean, var);
 
 fail:
@@ -436,6 +471,29 @@ fail:
     Py_XDECREF(mean);
     Py_XDECREF(var);
     return NULL;
+}
+
+/* _fast(x, weight, bias, eps, out, return_stats): see fast_norm. */
+static PyObject *fast_layer_norm(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 6)
+        Py_RETURN_NOTIMPLEMENTED;
+    return fast_norm(LN_OP_LAYER_NORM, args, 0);
+}
+
+/* _fast_rms(x, weight, eps, out, return_stats[, scale]): the same for
+ * RMSNorm, returning y or (y, ms). With scale true the weight is the
+ * applied scale in x's compute type (Gemma's 1 + weight, rounded once in
+ * float for float16 x) and the result keeps x's dtype. */
+static PyObject *fast_rms_norm(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5 && nargs != 6)
+        Py_RETURN_NOTIMPLEMENTED;
+    int scale = nargs == 6 ? PyObject_IsTrue(args[5]) : 0;
+    if (scale < 0)
+        return NULL;
+    PyObject *full[6] = {args[0], args[1], Py_None, args[2], args[3], args[4]};
+    return fast_norm(LN_OP_RMS_NORM, full, scale);
 }
 
 /* ---- the backward ------------------------------------------------------- */
@@ -493,11 +551,15 @@ static PyObject *acc_state(ln_acc *acc, size_t d)
  */
 static PyObject *backward(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 6 || !PyArray_Check(args[1]) || PyArray_NDIM((PyArrayObject *)args[1]) != 2) {
-        PyErr_SetString(PyExc_TypeError, "_backward(dy, x, weight, eps, mean, sums): "
+    if ((nargs != 6 && nargs != 7) || !PyArray_Check(args[1]) ||
+        PyArray_NDIM((PyArrayObject *)args[1]) != 2) {
+        PyErr_SetString(PyExc_TypeError, "_backward(dy, x, weight, eps, mean, sums[, rms]): "
                                          "expected 2-d arrays");
         return NULL;
     }
+    int rms = nargs == 7 ? PyObject_IsTrue(args[6]) : 0;
+    if (rms < 0)
+        return NULL;
     PyArrayObject *x = (PyArrayObject *)args[1];
     npy_intp n = PyArray_DIM(x, 0), d = PyArray_DIM(x, 1);
     double eps = PyFloat_AsDouble(args[3]);
@@ -509,7 +571,7 @@ static PyObject *backward(PyObject *self, PyObject *const *args, Py_ssize_t narg
         return NULL;
     ln_job job;
     memset(&job, 0, sizeof job);
-    job.op = LN_OP_LAYER_NORM_BACKWARD;
+    job.op = rms ? LN_OP_RMS_NORM_BACKWARD : LN_OP_LAYER_NORM_BACKWARD;
     job.n_rows = (size_t)n;
     job.d = (size_t)d;
     if (rows_operand(args[1], n, d, &job.x) < 0 || rows_operand(args[0], n, d, &job.dy) < 0 ||
@@ -546,7 +608,7 @@ static PyObject *backward(PyObject *self, PyObject *const *args, Py_ssize_t narg
         have_acc = 1;
         dw.plain = db.plain = want_sums == 2; /* the benchmark's baseline */
         job.dw = &dw;
-        job.db = &db;
+        job.db = rms ? NULL : &db; /* RMSNorm has no bias */
     }
     int rc;
     Py_BEGIN_ALLOW_THREADS
@@ -557,7 +619,8 @@ static PyObject *backward(PyObject *self, PyObject *const *args, Py_ssize_t narg
         PyErr_SetString(PyExc_MemoryError,
                         "layer_norm_backward: could not allocate the kernels' scratch rows");
     } else if (have_acc) {
-        PyObject *sw = acc_state(&dw, (size_t)d), *sb = acc_state(&db, (size_t)d);
+        PyObject *sw = acc_state(&dw, (size_t)d);
+        PyObject *sb = rms ? (Py_INCREF(Py_None), Py_None) : acc_state(&db, (size_t)d);
         if (sw && sb)
             res = Py_BuildValue("(ONN)", dx, sw, sb);
         else {
@@ -716,6 +779,9 @@ static PyMethodDef core_methods[] = {
     {"_fast", (PyCFunction)(void (*)(void))fast_layer_norm, METH_FASTCALL,
      "_fast(x, weight, bias, eps, out, return_stats): the common case of "
      "layer_norm, or NotImplemented."},
+    {"_fast_rms", (PyCFunction)(void (*)(void))fast_rms_norm, METH_FASTCALL,
+     "_fast_rms(x, weight, eps, out, return_stats): the common case of rms_norm, or "
+     "NotImplemented."},
     {"_backward", (PyCFunction)(void (*)(void))backward, METH_FASTCALL,
      "_backward(dy, x, weight, eps, mean, sums) -> (dx, dweight_state, dbias_state)."},
     {"_acc_merge", (PyCFunction)(void (*)(void))acc_merge, METH_FASTCALL,

@@ -38,6 +38,9 @@ typedef enum {
 size_t ln_dtype_size(ln_dtype t);
 /* 1 for the dtypes computed in double (float64), 0 for float. */
 int ln_dtype_is_double(ln_dtype t);
+/* The dtype a storage dtype is computed in: float (LN_F32), or double for
+ * float64. Parameters are staged to it. */
+ln_dtype ln_compute_dtype(ln_dtype t);
 
 /* One strided operand: element (r, i) lives at ptr + r * row + i * col.
  * Strides are in bytes and may be negative, or zero for broadcasting. */
@@ -51,7 +54,9 @@ typedef struct {
 typedef enum {
     LN_OP_LAYER_NORM = 0,          /* x, [weight], [bias], eps -> y, [mean, var] */
     LN_OP_LAYER_NORM_BACKWARD = 1, /* dy, x, [weight], eps, [mean] -> dx, [dweight, dbias] */
-    LN_NOPS = 2
+    LN_OP_RMS_NORM = 2,            /* x, [weight], eps -> y, [mean (0), ms] */
+    LN_OP_RMS_NORM_BACKWARD = 3,   /* dy, x, [weight], eps -> dx, [dweight] */
+    LN_NOPS = 4
 } ln_op;
 
 /*

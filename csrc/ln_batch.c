@@ -70,6 +70,8 @@ static const ln_op_info op_info[LN_NOPS] = {
     [LN_OP_LAYER_NORM] = {.writes_stats = 1},
     [LN_OP_LAYER_NORM_BACKWARD] = {.reads_dy = 1, .reads_mean = 1, .accumulates = 1,
                                    .needs_weight = 1},
+    [LN_OP_RMS_NORM] = {.writes_stats = 1},
+    [LN_OP_RMS_NORM_BACKWARD] = {.reads_dy = 1, .accumulates = 1, .needs_weight = 1},
 };
 
 /* ---- one worker ------------------------------------------------------- */

@@ -354,6 +354,10 @@ LN_ALWAYS_INLINE void LN_FN(back_deposit_at)(
     } else if (mode == LN_BACK_2) {
         ln_deposit2(w1, w2, i, v);
         ln_deposit2(b1, b2, i, u);
+    } else if (mode == LN_BACK_W3) {
+        ln_deposit3(w0, w1, w2, i, v);
+    } else if (mode == LN_BACK_W2) {
+        ln_deposit2(w1, w2, i, v);
     } else if (mode == LN_BACK_PLAIN) {
         pw[i] += v;
         pb[i] += u;
@@ -422,18 +426,30 @@ LN_BACK_LOOP(back_loop_none, LN_BACK_NONE)
 LN_BACK_LOOP(back_loop_3, LN_BACK_3)
 LN_BACK_LOOP(back_loop_2, LN_BACK_2)
 LN_BACK_LOOP(back_loop_plain, LN_BACK_PLAIN)
+LN_BACK_LOOP(back_loop_w3, LN_BACK_W3)
+LN_BACK_LOOP(back_loop_w2, LN_BACK_W2)
 #undef LN_BACK_LOOP
 
 #undef LN_SINKS
 #undef LN_SINK_PARAMS
 
-/* dx, and the record's terms deposited into dw and db (both, or neither);
- * path is LN_DEPOSIT_3, _2 or _PLAIN (the scalar path is the record
- * kernel's). One loop per mode. */
+/* dx, and the record's terms deposited into dw and db (both, dw alone, or
+ * neither); path is LN_DEPOSIT_3, _2 or _PLAIN (the scalar path is the
+ * record kernel's). One loop per mode. */
 static void LN_FN(back_apply)(const LN_S *x, const LN_S *dy, LN_S *dx, size_t d,
                               const LN_P *restrict w, LN_T hi, LN_T r, LN_T c, LN_T a,
                               LN_T bm, ln_acc *dw, ln_acc *db, int path)
 {
+    if (dw && !db && path != LN_DEPOSIT_PLAIN) {
+        uint64_t *const *sw = dw->sum;
+        if (path == LN_DEPOSIT_3)
+            LN_FN(back_loop_w3)(x, dy, dx, d, w, hi, r, c, a, bm, sw[0], sw[1], sw[2], NULL,
+                                NULL, NULL, NULL, NULL);
+        else
+            LN_FN(back_loop_w2)(x, dy, dx, d, w, hi, r, c, a, bm, NULL, sw[1], sw[2], NULL,
+                                NULL, NULL, NULL, NULL);
+        return;
+    }
     if (!dw || !db) {
         LN_FN(back_loop_none)(x, dy, dx, d, w, hi, r, c, a, bm, NULL, NULL, NULL, NULL, NULL,
                               NULL, NULL, NULL);

@@ -162,6 +162,18 @@ const ln_kernels LN_LEVEL_TABLE = {
             [LN_F32] = layer_norm_backward_f32,
             [LN_F64] = layer_norm_backward_f64,
         },
+        [LN_OP_RMS_NORM] = {
+            [LN_F16] = rms_norm_f16,
+            [LN_BF16] = rms_norm_bf16,
+            [LN_F32] = rms_norm_f32,
+            [LN_F64] = rms_norm_f64,
+        },
+        [LN_OP_RMS_NORM_BACKWARD] = {
+            [LN_F16] = rms_norm_backward_f16,
+            [LN_BF16] = rms_norm_backward_bf16,
+            [LN_F32] = rms_norm_backward_f32,
+            [LN_F64] = rms_norm_backward_f64,
+        },
     },
     .widen = {
         [LN_F16] = {[LN_F32] = widen_f16, [LN_F64] = widen_f16_wide},

@@ -13,12 +13,12 @@
 #if defined(LN_WIDE)
 /* ---- computed in float, with the double instance as the fallback ---- */
 
-static void LN_OPS(ln_stats)(const LN_S *x, size_t d, ln_stats *st)
+static void LN_OPS(ln_stats)(const LN_S *x, size_t d, ln_stats *st, int rms)
 {
-    LN_CORE(stats)(x, d, st);
+    LN_CORE(stats_of)(x, d, st, rms);
     if (!(st->var >= LN_F32_VAR_MIN && st->var <= LN_F32_VAR_MAX) ||
         !isfinite(st->mean))
-        LN_WIDE(stats)(x, d, st);
+        LN_WIDE(stats_of)(x, d, st, rms);
     ln_canonical_nans(st);
 }
 
@@ -32,9 +32,10 @@ static int LN_OPS(fits_float)(double var, double rstd)
 
 static int LN_OPS(ln_output)(const LN_S *x, LN_S *y, size_t d, const LN_P *w,
                              const LN_P *b, double eps, const ln_stats *st, int stream,
-                             ln_spare *spare)
+                             ln_spare *spare, int rms)
 {
     (void)spare;
+    (void)rms;
     double rstd = ln_inverse_std(st->var, eps);
     if (rstd > DBL_MAX) { /* var + eps == 0: a constant record, eps = 0 */
         LN_CORE(fill_nan)(y, d);
@@ -86,9 +87,9 @@ static const LN_S *LN_OPS(scaled_row)(const LN_S *x, size_t d, double s,
  * about 1e154, or tiny values) is measured at its scale. LN_ENOMEM if the
  * spare row could not be had. */
 static int LN_OPS(ln_stats_scaled)(const LN_S *x, size_t d, ln_stats *st,
-                                   ln_spare *spare)
+                                   ln_spare *spare, int rms)
 {
-    LN_CORE(stats)(x, d, st);
+    LN_CORE(stats_of)(x, d, st, rms);
     if (isfinite(st->mean) && st->var >= LN_F64_VAR_MIN && st->var <= DBL_MAX)
         return LN_OK;
     double s = LN_OPS(record_scale)(x, d);
@@ -96,7 +97,7 @@ static int LN_OPS(ln_stats_scaled)(const LN_S *x, size_t d, ln_stats *st,
         const LN_S *xs = LN_OPS(scaled_row)(x, d, s, spare);
         if (xs == NULL)
             return LN_ENOMEM;
-        LN_CORE(stats)(xs, d, st);
+        LN_CORE(stats_of)(xs, d, st, rms);
         st->mean /= s;
         st->var = st->var / s / s; /* inf if the true variance is */
     }
@@ -106,7 +107,7 @@ static int LN_OPS(ln_stats_scaled)(const LN_S *x, size_t d, ln_stats *st,
 
 static int LN_OPS(ln_output)(const LN_S *x, LN_S *y, size_t d, const LN_P *w,
                              const LN_P *b, double eps, const ln_stats *st, int stream,
-                             ln_spare *spare)
+                             ln_spare *spare, int rms)
 {
     double rstd = ln_inverse_std(st->var, eps);
     if (rstd != 0.0 && !(rstd > DBL_MAX)) {
@@ -119,7 +120,7 @@ static int LN_OPS(ln_output)(const LN_S *x, LN_S *y, size_t d, const LN_P *w,
     if (xs == NULL)
         return LN_ENOMEM;
     ln_stats scaled;
-    LN_CORE(stats)(xs, d, &scaled);
+    LN_CORE(stats_of)(xs, d, &scaled, rms);
     rstd = ln_inverse_std(scaled.var, eps * s * s);
     if (rstd > DBL_MAX) /* var + eps == 0 even at scale: constant, eps = 0 */
         LN_CORE(fill_nan)(y, d);
@@ -140,21 +141,26 @@ static int LN_OPS(ln_output)(const LN_S *x, LN_S *y, size_t d, const LN_P *w,
 #define LN_GROUP_MAX_ROW_BYTES 1024
 #endif
 
-/* The statistics of record k (0, or LN_ENOMEM). */
-static int LN_OPS(record_stats)(const ln_rows *r, size_t k)
+/* The statistics of record k (0, or LN_ENOMEM): LayerNorm's, or (rms)
+ * RMSNorm's, whose record is NaN too when it holds a non-finite value. */
+static int LN_OPS(record_stats)(const ln_rows *r, size_t k, int rms)
 {
     const LN_S *x = (const LN_S *)((const char *)r->x + (ptrdiff_t)k * r->x_row);
+    ln_stats *st = &r->st[k];
 #if defined(LN_WIDE)
-    LN_OPS(ln_stats)(x, r->d, &r->st[k]);
-    return LN_OK;
+    LN_OPS(ln_stats)(x, r->d, st, rms);
 #else
-    return LN_OPS(ln_stats_scaled)(x, r->d, &r->st[k], r->spare);
+    if (LN_OPS(ln_stats_scaled)(x, r->d, st, r->spare, rms) != LN_OK)
+        return LN_ENOMEM;
 #endif
+    if (rms && !isfinite(st->var) && !LN_CORE(all_finite)(x, r->d))
+        st->var = NAN;
+    return LN_OK;
 }
 
 /* The output of record k from its statistics: LN_OK, LN_EBADEPS or
  * LN_ENOMEM. */
-static int LN_OPS(record_output)(const ln_rows *r, size_t k)
+static int LN_OPS(record_output)(const ln_rows *r, size_t k, int rms)
 {
     const LN_S *x = (const LN_S *)((const char *)r->x + (ptrdiff_t)k * r->x_row);
     LN_S *y = (LN_S *)((char *)r->y + (ptrdiff_t)k * r->y_row);
@@ -164,27 +170,39 @@ static int LN_OPS(record_output)(const ln_rows *r, size_t k)
         LN_CORE(fill_nan)(y, r->d);
         return ln_eps_is_valid(eps) ? LN_OK : LN_EBADEPS;
     }
-    return LN_OPS(ln_output)(x, y, r->d, r->w, r->b, eps, st, r->stream, r->spare);
+    return LN_OPS(ln_output)(x, y, r->d, r->w, r->b, eps, st, r->stream, r->spare, rms);
 }
 
-/* LayerNorm of r->n records. */
-static int LN_OPS(layer_norm)(const ln_rows *r)
+/* LayerNorm (or, rms, RMSNorm) of r->n records. */
+static int LN_OPS(norm_rows)(const ln_rows *r, int rms)
 {
     int status = LN_OK;
     size_t group = r->d * sizeof(LN_S) <= LN_GROUP_MAX_ROW_BYTES ? LN_GROUP : 1;
     for (size_t k0 = 0; k0 < r->n; k0 += group) {
         size_t k1 = r->n - k0 < group ? r->n : k0 + group;
         for (size_t k = k0; k < k1; k++)
-            if (LN_OPS(record_stats)(r, k) != LN_OK)
+            if (LN_OPS(record_stats)(r, k, rms) != LN_OK)
                 return LN_ENOMEM;
         for (size_t k = k0; k < k1; k++) {
-            int rc = LN_OPS(record_output)(r, k);
+            int rc = LN_OPS(record_output)(r, k, rms);
             if (rc == LN_ENOMEM)
                 return rc;
             status = status > rc ? status : rc;
         }
     }
     return status;
+}
+
+static int LN_OPS(layer_norm)(const ln_rows *r)
+{
+    return LN_OPS(norm_rows)(r, 0);
+}
+
+/* RMSNorm: y = x / sqrt(mean(x^2) + eps) * weight (the batch layer passes
+ * 1 + weight for the "1 + weight" convention). */
+static int LN_OPS(rms_norm)(const ln_rows *r)
+{
+    return LN_OPS(norm_rows)(r, 1);
 }
 
 /* ---- the LayerNorm backward ------------------------------------------- */
@@ -205,14 +223,21 @@ static int LN_OPS(forward_mean)(const LN_S *x, size_t d, ln_spare *spare, double
     ln_stats st;
 #if defined(LN_WIDE)
     (void)spare;
-    LN_OPS(ln_stats)(x, d, &st);
+    LN_OPS(ln_stats)(x, d, &st, 0);
     *m0 = (double)(float)st.mean;
     return LN_OK;
 #else
-    int rc = LN_OPS(ln_stats_scaled)(x, d, &st, spare);
+    int rc = LN_OPS(ln_stats_scaled)(x, d, &st, spare, 0);
     *m0 = st.mean;
     return rc;
 #endif
+}
+
+/* The coefficients of LayerNorm's backward, or (rms) RMSNorm's. */
+static int LN_OPS(coef_of)(const ln_back_sums *sums, double m0, size_t d, double eps,
+                           ln_back_coef *c, int rms)
+{
+    return rms ? ln_rms_coef_of(sums, d, eps, c) : ln_back_coef_of(sums, m0, d, eps, c);
 }
 
 #if !defined(LN_WIDE)
@@ -220,7 +245,7 @@ static int LN_OPS(forward_mean)(const LN_S *x, size_t d, ln_spare *spare, double
  * at its power-of-two scale s: xhat does not change, dx is s times the
  * scaled record's. */
 static int LN_OPS(back_scaled)(const ln_rows *r, const LN_S *x, const LN_S *dy, LN_S *dx,
-                               double m0, double eps, ln_acc *dw, ln_acc *db)
+                               double m0, double eps, ln_acc *dw, ln_acc *db, int rms)
 {
     size_t d = r->d;
     double s = LN_OPS(record_scale)(x, d);
@@ -230,7 +255,7 @@ static int LN_OPS(back_scaled)(const ln_rows *r, const LN_S *x, const LN_S *dy, 
     ln_back_sums sums;
     ln_back_coef c;
     LN_CORE(back_sums)(xs, dy, r->w, d, (LN_CT)(m0 * s), &sums);
-    if (ln_back_coef_of(&sums, m0 * s, d, eps * s * s, &c) != 1) {
+    if (LN_OPS(coef_of)(&sums, m0 * s, d, eps * s * s, &c, rms) != 1) {
         LN_CORE(back_nan)(xs, dy, dx, d, &c, dw, db, !isfinite(sums.st + sums.stt));
         return LN_OK;
     }
@@ -241,19 +266,23 @@ static int LN_OPS(back_scaled)(const ln_rows *r, const LN_S *x, const LN_S *dy, 
 }
 #endif
 
-/* The backward of record k: dx, and its terms into r->dw and r->db. */
-static int LN_OPS(back_record)(const ln_rows *r, size_t k)
+
+/* The backward of record k: dx, and its terms into r->dw and r->db
+ * (LayerNorm's, or with rms RMSNorm's: no mean, so no shift and no bias). */
+static int LN_OPS(back_record)(const ln_rows *r, size_t k, int rms)
 {
     size_t d = r->d;
     const LN_S *x = (const LN_S *)((const char *)r->x + (ptrdiff_t)k * r->x_row);
     const LN_S *dy = (const LN_S *)((const char *)r->dy + (ptrdiff_t)k * r->dy_row);
     LN_S *dx = (LN_S *)((char *)r->y + (ptrdiff_t)k * r->y_row);
-    double eps = r->eps[k], m0;
+    double eps = r->eps[k], m0 = 0.0;
     if (!ln_eps_is_valid(eps)) {
         LN_CORE(fill_nan)(dx, d);
         return LN_EBADEPS;
     }
-    if (r->mean) {
+    if (rms) {
+        m0 = 0.0;
+    } else if (r->mean) {
         m0 = (double)(LN_CT)r->mean[k];
     } else if (LN_OPS(forward_mean)(x, d, r->spare, &m0) != LN_OK) {
         return LN_ENOMEM;
@@ -261,12 +290,12 @@ static int LN_OPS(back_record)(const ln_rows *r, size_t k)
     ln_back_sums sums;
     ln_back_coef c;
     LN_CORE(back_sums)(x, dy, r->w, d, (LN_CT)m0, &sums);
-    int ok = ln_back_coef_of(&sums, m0, d, eps, &c) == 1;
+    int ok = LN_OPS(coef_of)(&sums, m0, d, eps, &c, rms) == 1;
 #if defined(LN_WIDE)
     if (ok && !LN_OPS(fits_float)(c.var, c.rstd)) {
         /* Out of the float lanes' range: the same formulas in double. */
         LN_WIDE(back_sums)(x, dy, r->w, d, m0, &sums);
-        if (ln_back_coef_of(&sums, m0, d, eps, &c) != 1) {
+        if (LN_OPS(coef_of)(&sums, m0, d, eps, &c, rms) != 1) {
             LN_WIDE(back_nan)(x, dy, dx, d, &c, r->dw, r->db, !isfinite(sums.st + sums.stt));
             return LN_OK;
         }
@@ -275,7 +304,7 @@ static int LN_OPS(back_record)(const ln_rows *r, size_t k)
     }
 #else
     if (ok && !(isfinite(c.mean) && c.var >= LN_F64_VAR_MIN && c.var <= DBL_MAX))
-        return LN_OPS(back_scaled)(r, x, dy, dx, m0, eps, r->dw, r->db);
+        return LN_OPS(back_scaled)(r, x, dy, dx, m0, eps, r->dw, r->db, rms);
 #endif
     if (!ok) {
         LN_CORE(back_nan)(x, dy, dx, d, &c, r->dw, r->db, !isfinite(sums.st + sums.stt));
@@ -286,16 +315,27 @@ static int LN_OPS(back_record)(const ln_rows *r, size_t k)
     return LN_OK;
 }
 
-/* The LayerNorm backward of r->n records. */
-static int LN_OPS(layer_norm_backward)(const ln_rows *r)
+static int LN_OPS(back_all)(const ln_rows *r, int rms)
 {
     int status = LN_OK;
     for (size_t k = 0; k < r->n; k++) {
-        int rc = LN_OPS(back_record)(r, k);
+        int rc = LN_OPS(back_record)(r, k, rms);
         if (rc == LN_ENOMEM)
             return rc;
         status = status > rc ? status : rc;
     }
     return status;
+}
+
+/* The LayerNorm backward of r->n records. */
+static int LN_OPS(layer_norm_backward)(const ln_rows *r)
+{
+    return LN_OPS(back_all)(r, 0);
+}
+
+/* The RMSNorm backward of r->n records (r->db unused). */
+static int LN_OPS(rms_norm_backward)(const ln_rows *r)
+{
+    return LN_OPS(back_all)(r, 1);
 }
 #undef LN_CT

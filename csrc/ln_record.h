@@ -14,7 +14,35 @@ static void LN_FN(stats)(const LN_S *x, size_t d, ln_stats *st)
     st->var = LN_FN(sum_squares)(x, d, hi, lo) / (double)d;
 }
 
-/* y from the statistics and rstd = 1/sqrt(var + eps) (in double). */
+/* RMSNorm's statistics: mean 0 and var the mean square, sum(x^2) / d in
+ * the same order (the squares of the centered values with hi = lo = 0). */
+static void LN_FN(stats_rms)(const LN_S *x, size_t d, ln_stats *st)
+{
+    st->mean = 0.0;
+    st->var = LN_FN(sum_squares)(x, d, (LN_T)0, (LN_T)0) / (double)d;
+}
+
+/* Are all the record's values finite? (Asked only when RMSNorm's mean
+ * square came out infinite: it has no mean to turn them into NaN.) */
+static inline int LN_FN(all_finite)(const LN_S *x, size_t d)
+{
+    for (size_t i = 0; i < d; i++)
+        if (!isfinite((double)LN_LOAD(x + i)))
+            return 0;
+    return 1;
+}
+
+/* LayerNorm's statistics, or (rms) RMSNorm's. */
+static inline void LN_FN(stats_of)(const LN_S *x, size_t d, ln_stats *st, int rms)
+{
+    if (rms)
+        LN_FN(stats_rms)(x, d, st);
+    else
+        LN_FN(stats)(x, d, st);
+}
+
+/* y from the statistics and rstd = 1/sqrt(var + eps) (in double). With
+ * mean 0 (RMSNorm) this is x * r, rounded once: fma(x - 0, r, -0). */
 static void LN_FN(output)(const LN_S *x, LN_S *y, size_t d, const ln_stats *st,
                           double rstd, const LN_P *w, const LN_P *b, int stream)
 {

@@ -12,10 +12,6 @@
 
 #include "layernorm.h"
 
-/* The dtype kernels compute a storage dtype in: float, or double for
- * float64. Parameters are staged to it. */
-ln_dtype ln_compute_dtype(ln_dtype t);
-
 /* Can row r of op be read or written in place as `want`? Contiguous,
  * aligned to its item size, of that dtype. */
 int ln_row_is_direct(const ln_operand *op, size_t r, ln_dtype want);

@@ -154,6 +154,23 @@ static inline int ln_back_coef_of(const ln_back_sums *s, double m0, size_t d, do
     return isfinite(s->g + s->gt) ? 1 : -1;
 }
 
+/* RMSNorm's coefficients: mean 0, var the mean square (sum of x^2 / d),
+ * a = 0 (no mean to subtract), bm = mean(g * xhat) = rstd * sum(g x) / d.
+ * The same return values as ln_back_coef_of. */
+static inline int ln_rms_coef_of(const ln_back_sums *s, size_t d, double eps,
+                                 ln_back_coef *c)
+{
+    c->md = 0.0;
+    c->mean = 0.0;
+    c->var = s->stt / (double)d;
+    c->rstd = ln_inverse_std(c->var, eps);
+    c->a = 0.0;
+    c->bm = c->rstd * s->gt / (double)d;
+    if (!isfinite(s->stt) || c->rstd > DBL_MAX)
+        return 0;
+    return isfinite(s->gt) ? 1 : -1;
+}
+
 /* The deposit path of a record from bounds on its terms |dy| and
  * |dy * xhat| (|xhat| <= (max|x - m0| + |mean - m0|) * rstd; 1% for the
  * roundings of the float formulas). LN_DEPOSIT_PLAIN: the benchmark's
@@ -173,9 +190,11 @@ static inline int ln_deposit_path(const ln_back_sums *s, const ln_back_coef *c,
 }
 
 /* What a lane-form backward loop deposits: nothing, both sums on three or
- * on two levels, or the benchmark's plain float64 sums. Always a constant
+ * on two levels, only dweight's (RMSNorm has no bias), or the benchmark's
+ * plain float64 sums. Always a constant
  * at each call, so that every loop is compiled without a test per element. */
-enum { LN_BACK_NONE = 0, LN_BACK_3 = 1, LN_BACK_2 = 2, LN_BACK_PLAIN = 3 };
+enum { LN_BACK_NONE = 0, LN_BACK_3 = 1, LN_BACK_2 = 2, LN_BACK_PLAIN = 3, LN_BACK_W3 = 4,
+       LN_BACK_W2 = 5 };
 
 /* The levels of a term, vector path: round(v / grid) into each level's
  * bits sum (see ln_accum.h). */

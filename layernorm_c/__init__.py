@@ -5,12 +5,21 @@
 
 Conventions: population variance (divided by d), eps inside the square
 root, optional gain (``weight``) and bias of the normalized shape (2d
-parameters with both; either may be absent).
+parameters with both; either may be absent). RMSNorm (``rms_norm``)
+scales by ``weight`` (LLaMA, T5) or, named, by ``1 + weight`` (Gemma).
 """
 from ._api import LayerNormResult, layer_norm, layer_norm_ufunc
 from ._backward import ExactSum, LayerNormGrads, layer_norm_backward, layer_norm_backward_ufunc
-from ._layer import LayerNorm
-from ._reference import ReferenceResult, reference_layer_norm
+from ._layer import LayerNorm, RMSNorm
+from ._reference import ReferenceResult, ReferenceRMSResult, reference_layer_norm, reference_rms_norm
+from ._rms import (
+    RMSNormGrads,
+    RMSNormResult,
+    rms_norm,
+    rms_norm_backward,
+    rms_norm_backward_ufunc,
+    rms_norm_ufunc,
+)
 from ._settings import (
     MAX_THREADS,
     get_isa,
@@ -32,8 +41,17 @@ __all__ = [
     "LayerNormGrads",
     "ExactSum",
     "LayerNorm",
+    "rms_norm",
+    "rms_norm_ufunc",
+    "RMSNormResult",
+    "rms_norm_backward",
+    "rms_norm_backward_ufunc",
+    "RMSNormGrads",
+    "RMSNorm",
     "reference_layer_norm",
     "ReferenceResult",
+    "reference_rms_norm",
+    "ReferenceRMSResult",
     "get_isa",
     "set_isa",
     "supported_isas",

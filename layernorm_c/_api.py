@@ -37,6 +37,11 @@ _STATS_UFUNCS = {
 
 _F16 = np.dtype(np.float16)
 _F32 = np.dtype(np.float32)
+
+
+def _is_float_dtype(dt: np.dtype[Any]) -> bool:
+    """A dtype the kernels compute (float16, float32, float64)."""
+    return dt.kind == "f" and dt.itemsize <= 8
 _EXPECTED = ("a real array: float16, float32 or float64 "
              "(integer and bool arrays are computed in float64)")
 

@@ -28,8 +28,25 @@ layer_norm_backward: np.ufunc
 
 # The backward of 2-d records: (dx, dweight_state, dbias_state); the states
 # are exact sums (uint64 arrays (d, ACC_WORDS)) or None when sums is false.
-def _backward(dy: Any, x: Any, weight: Any, eps: float, mean: Any, sums: bool, /) -> Tuple[
+# With rms true, RMSNorm's backward (weight: the applied scale; no bias
+# state, mean ignored).
+def _backward(dy: Any, x: Any, weight: Any, eps: float, mean: Any, sums: bool,
+              rms: bool = ..., /) -> Tuple[
     NDArray[Any], Optional[NDArray[np.uint64]], Optional[NDArray[np.uint64]]]: ...
+
+# RMSNorm: the public gufuncs, (n),(n),()->(n): x, scale, eps -> y and
+# (n),(n),(n),()->(n): dy, x, scale, eps -> dx; private ones returning the
+# per-record mean square.
+rms_norm: np.ufunc
+rms_norm_backward: np.ufunc
+_rms_w: np.ufunc  # (n),(n),()->(n),(): x, scale, eps -> y, ms
+_rms_none: np.ufunc  # (n),()->(n),(): x, eps -> y, ms
+
+# rms_norm over the last axis for the common case, as _fast: y, or (y, ms).
+# With scale true the weight is the applied scale in x's compute type and
+# the result keeps x's dtype.
+def _fast_rms(x: Any, weight: Any, eps: Any, out: Any, return_stats: Any,
+              scale: bool = ..., /) -> Any: ...
 # Two exact-sum states merged, exactly.
 def _acc_merge(a: NDArray[np.uint64], b: NDArray[np.uint64], /) -> NDArray[np.uint64]: ...
 # An exact-sum state rounded once (to float32 precision when float32 is true).

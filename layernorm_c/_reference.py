@@ -85,6 +85,61 @@ def reference_layer_norm(
     return ReferenceResult(y, np.squeeze(mean, axes), np.squeeze(var, axes))
 
 
+class ReferenceRMSResult(NamedTuple):
+    """What :func:`reference_rms_norm` returns, in float64."""
+
+    y: NDArray[np.float64]
+    """The normalized output, shaped like ``x``."""
+    ms: NDArray[np.float64]
+    """Per-record mean square (without eps)."""
+
+
+def reference_rms_norm(
+    x: ArrayLike,
+    weight: Optional[ArrayLike] = None,
+    eps: float = 1e-6,
+    axis: Axis = -1,
+    convention: str = "weight",
+) -> ReferenceRMSResult:
+    """RMS normalization computed in float64 with NumPy:
+    ``y = x / sqrt(mean(x^2) + eps) * scale``, ``scale = weight`` or (the
+    Gemma convention, ``convention="1+weight"``) ``1 + weight``.
+
+    Parameters
+    ----------
+    x, weight, eps, axis
+        As for :func:`reference_layer_norm` (``weight`` absent: a scale of
+        1, whatever the convention).
+    convention : {'weight', '1+weight'}, optional
+        How the weight scales.
+
+    Returns
+    -------
+    ReferenceRMSResult
+        ``(y, ms)`` in float64, ``ms`` with the normalized axes removed.
+    """
+    if convention not in ("weight", "1+weight"):
+        raise ValueError(f"convention: expected 'weight' or '1+weight', got {convention!r}")
+    x = np.asarray(x, dtype=np.float64)
+    given: Sequence[int] = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
+    axes = tuple(sorted(int(a) % x.ndim for a in given))
+    scale = _record_scale(x, axes)  # exact powers of two: no overflow, no underflow
+    with np.errstate(under="ignore", over="ignore"):
+        xs = x * scale
+        ms = (xs * xs).mean(axis=axes, keepdims=True)
+        denom = np.sqrt(ms + eps * scale * scale)
+        if eps > 0:  # a record of zeros whose scaled eps underflowed: y is 0
+            y = np.divide(xs, denom, out=np.zeros_like(xs), where=denom != 0)
+        else:
+            y = xs / denom
+        ms = ms / scale / scale
+    if weight is not None:
+        param_shape = [x.shape[a] if a in axes else 1 for a in range(x.ndim)]
+        w = np.asarray(weight, dtype=np.float64).reshape(param_shape)
+        y = y * (1.0 + w if convention == "1+weight" else w)
+    return ReferenceRMSResult(y, np.squeeze(ms, axes))
+
+
 def _record_scale(x: NDArray[np.float64], axes: Tuple[int, ...]) -> NDArray[np.float64]:
     """2**-e per record, e the binary exponent of its largest magnitude
     (clipped to +-1000 so the scale itself stays finite); 1 for records of
