@@ -236,7 +236,7 @@ def layer_norm_backward(
     >>> import numpy as np, layernorm_c as lnc
     >>> x = np.array([[1.0, 2.0, 3.0, 4.0]])
     >>> g = lnc.layer_norm_backward(np.ones_like(x), x, eps=0.0)
-    >>> np.abs(g.dx).max() < 1e-15, g.dbias
+    >>> bool(np.abs(g.dx).max() < 1e-15), g.dbias
     (True, array([1., 1., 1., 1.]))
     """
     dx, acc_w, acc_b, plan = _backward_parts(dy, x, weight, eps, axis, mean, var)
