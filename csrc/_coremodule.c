@@ -27,12 +27,17 @@ static int g_threads = 1;
 
 /* ---- dtypes ------------------------------------------------------------- */
 
-/* The NumPy type numbers of the storage dtypes (bfloat16 has none until a
- * package such as ml_dtypes registers it). */
+/* bfloat16 has no NumPy type number until a package (ml_dtypes) registers
+ * the type and the Python package hands it to _register_bfloat16: -1
+ * until then, and nothing of bfloat16 is reachable. */
+static int g_bf16_type = -1;
+
+/* The NumPy type numbers of the storage dtypes. */
 static int npy_type_of(ln_dtype t)
 {
     switch (t) {
     case LN_F16: return NPY_HALF;
+    case LN_BF16: return g_bf16_type;
     case LN_F32: return NPY_FLOAT;
     case LN_F64: return NPY_DOUBLE;
     default: return -1;
@@ -45,7 +50,12 @@ static int ln_dtype_of(int type_num, ln_dtype *t)
     case NPY_HALF: *t = LN_F16; return 0;
     case NPY_FLOAT: *t = LN_F32; return 0;
     case NPY_DOUBLE: *t = LN_F64; return 0;
-    default: return -1;
+    default:
+        if (type_num >= 0 && type_num == g_bf16_type) {
+            *t = LN_BF16;
+            return 0;
+        }
+        return -1;
     }
 }
 
@@ -233,6 +243,9 @@ static void fill_types(char *types, const ln_gufunc *g, ln_dtype t)
         types[n++] = stat;
 }
 
+/* The gufuncs' objects, kept to register the bfloat16 loops later. */
+static PyObject *gufunc_objects[LN_NGUFUNCS];
+
 static int add_gufuncs(PyObject *m)
 {
     for (size_t i = 0; i < LN_NGUFUNCS; i++) {
@@ -255,12 +268,65 @@ static int add_gufuncs(PyObject *m)
             g->doc, 0, g->signature);
         if (uf == NULL)
             return -1;
+        gufunc_objects[i] = uf; /* the module keeps the reference */
         if (PyModule_AddObject(m, g->attr, uf) < 0) {
             Py_DECREF(uf);
             return -1;
         }
     }
     return 0;
+}
+
+static ln_loop_data bf16_loop_data[LN_NGUFUNCS];
+
+/*
+ * _register_bfloat16(dtype): the bfloat16 loops for every gufunc, for the
+ * type number of `dtype` (ml_dtypes.bfloat16: the Python package checks
+ * its bits are bfloat16's). Rows, weight and bias bfloat16, eps float64,
+ * statistics float32. Once per process; calling it again with the same
+ * type does nothing, another type is a ValueError.
+ */
+static PyObject *register_bfloat16(PyObject *self, PyObject *arg)
+{
+    PyArray_Descr *descr = NULL;
+    if (!PyArray_DescrCheck(arg)) {
+        PyErr_SetString(PyExc_TypeError, "_register_bfloat16(dtype): expected a dtype");
+        return NULL;
+    }
+    descr = (PyArray_Descr *)arg;
+    int type = descr->type_num;
+    if (type < NPY_USERDEF || PyDataType_ELSIZE(descr) != 2) {
+        PyErr_SetString(PyExc_ValueError,
+                        "_register_bfloat16: expected a 2-byte user dtype (ml_dtypes.bfloat16)");
+        return NULL;
+    }
+    if (g_bf16_type == type)
+        Py_RETURN_NONE;
+    if (g_bf16_type >= 0) {
+        PyErr_SetString(PyExc_ValueError, "_register_bfloat16: another type is registered");
+        return NULL;
+    }
+    for (size_t i = 0; i < LN_NGUFUNCS; i++) {
+        const ln_gufunc *g = &gufuncs[i];
+        int types[16], n = 0;
+        if (g->has_dy)
+            types[n++] = type;
+        types[n++] = type;
+        if (g->has_w)
+            types[n++] = type;
+        if (g->has_b)
+            types[n++] = type;
+        types[n++] = NPY_DOUBLE;
+        types[n++] = type;
+        for (int k = 0; k < g->n_stats; k++)
+            types[n++] = NPY_FLOAT;
+        bf16_loop_data[i] = (ln_loop_data){.g = g, .dtype = LN_BF16};
+        if (PyUFunc_RegisterLoopForType((PyUFuncObject *)gufunc_objects[i], type, gufunc_loop,
+                                        types, &bf16_loop_data[i]) < 0)
+            return NULL;
+    }
+    g_bf16_type = type;
+    Py_RETURN_NONE;
 }
 
 /* ---- the fast path ------------------------------------------------------ */
@@ -277,9 +343,13 @@ static int fast_dtype(PyObject *o, ln_dtype *t)
     return ln_dtype_of(PyArray_TYPE(a), t);
 }
 
-/* The wider of two dtypes: NumPy's promotion among float16/32/64. */
+/* The promotion of two dtypes: the wider of float16/32/64; float16 and
+ * bfloat16 together give float32 (each converts exactly to it, neither to
+ * the other), as in PyTorch. */
 static ln_dtype wider(ln_dtype a, ln_dtype b)
 {
+    if (ln_dtype_size(a) == 2 && ln_dtype_size(b) == 2 && a != b)
+        return LN_F32;
     return ln_dtype_size(a) >= ln_dtype_size(b) ? a : b;
 }
 
@@ -788,6 +858,8 @@ static PyMethodDef core_methods[] = {
      "_acc_merge(a, b) -> the state of both exact sums together."},
     {"_acc_value", (PyCFunction)(void (*)(void))acc_value, METH_FASTCALL,
      "_acc_value(state, float32) -> the exact sums rounded once (float64 array)."},
+    {"_register_bfloat16", register_bfloat16, METH_O,
+     "_register_bfloat16(dtype): the bfloat16 loops, for ml_dtypes.bfloat16's type number."},
     {"get_isa", get_isa, METH_NOARGS, "get_isa() -> str: the instruction-set level in use."},
     {"set_isa", set_isa, METH_O,
      "set_isa(name): use the 'scalar', 'portable', 'avx2' or 'avx512' kernels."},

@@ -8,6 +8,7 @@ root, optional gain (``weight``) and bias of the normalized shape (2d
 parameters with both; either may be absent). RMSNorm (``rms_norm``)
 scales by ``weight`` (LLaMA, T5) or, named, by ``1 + weight`` (Gemma).
 """
+from . import _bf16
 from ._api import LayerNormResult, layer_norm, layer_norm_ufunc
 from ._backward import ExactSum, LayerNormGrads, layer_norm_backward, layer_norm_backward_ufunc
 from ._layer import LayerNorm, RMSNorm
@@ -31,6 +32,10 @@ from ._settings import (
 )
 
 __version__ = "0.1.0"
+
+# bfloat16 (ml_dtypes.bfloat16) when ml_dtypes is installed: the core's
+# loops for its type number. Without ml_dtypes this does nothing.
+_bf16.register()
 
 __all__ = [
     "layer_norm",

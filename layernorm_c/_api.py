@@ -12,7 +12,7 @@ from typing import Any, Literal, NamedTuple, Optional, Sequence, Tuple, Union, o
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from . import _core
+from . import _bf16, _core
 
 __all__ = ["layer_norm", "LayerNormResult", "layer_norm_ufunc"]
 
@@ -39,11 +39,27 @@ _F16 = np.dtype(np.float16)
 _F32 = np.dtype(np.float32)
 
 
+_F64 = np.dtype(np.float64)
+
+
+def _is_bf16(dt: np.dtype[Any]) -> bool:
+    return _bf16.BFLOAT16 is not None and dt == _bf16.BFLOAT16
+
+
 def _is_float_dtype(dt: np.dtype[Any]) -> bool:
-    """A dtype the kernels compute (float16, float32, float64)."""
-    return dt.kind == "f" and dt.itemsize <= 8
-_EXPECTED = ("a real array: float16, float32 or float64 "
-             "(integer and bool arrays are computed in float64)")
+    """A dtype the kernels compute (float16, bfloat16, float32, float64)."""
+    return (dt.kind == "f" and dt.itemsize <= 8) or _is_bf16(dt)
+
+
+def _compute_dtype(dtype: np.dtype[Any]) -> np.dtype[Any]:
+    """The type a result dtype is computed in, which is also its statistics'
+    and its parameter gradients' dtype: float32 for float16, bfloat16 and
+    float32 results, float64 for float64."""
+    return _F64 if dtype == _F64 else _F32
+
+
+_EXPECTED = ("a real array: float16, float32 or float64 (or ml_dtypes.bfloat16; "
+             "integer and bool arrays are computed in float64)")
 
 
 class LayerNormResult(NamedTuple):
@@ -93,7 +109,7 @@ def _as_real_array(a: object, name: str) -> NDArray[Any]:
     kind = arr.dtype.kind
     if kind in "biu":
         return arr.astype(np.float64)
-    if kind == "f" and arr.dtype.itemsize <= 8:
+    if _is_float_dtype(arr.dtype):
         return arr
     raise TypeError(f"{name}: expected {_EXPECTED}, got dtype {arr.dtype}")
 
@@ -187,7 +203,8 @@ def _check_out(out: object, shape: Tuple[int, ...], dtype: np.dtype[Any]) -> NDA
         raise TypeError(f"out: expected a numpy.ndarray, got {type(out).__name__}")
     if out.shape != shape:
         raise ValueError(f"out: expected shape {shape} (the shape of x), got {out.shape}")
-    if out.dtype.kind != "f" or out.dtype.itemsize != dtype.itemsize:
+    if not (out.dtype == dtype if _is_bf16(dtype) or _is_bf16(out.dtype) else
+            out.dtype.kind == "f" and out.dtype.itemsize == dtype.itemsize):
         raise TypeError(f"out: expected dtype {dtype} (the result dtype), got {out.dtype}")
     if not out.flags.writeable:
         raise ValueError("out: expected a writeable array, got a read-only one")
@@ -230,6 +247,14 @@ def _result_dtype(x: NDArray[Any], params: Sequence[Tuple[object, Optional[NDArr
     parameter is weak (it never widens the result)."""
     dts = [x.dtype] + [a.dtype for given, a in params
                        if a is not None and type(given) not in (bool, int, float)]
+    if any(_is_bf16(dt) for dt in dts):
+        # bfloat16 alone stays bfloat16; with a float dtype it promotes as
+        # NumPy (ml_dtypes) promotes it, except that float16 and bfloat16
+        # together give float32, as in PyTorch (NumPy has no common type).
+        others = [dt for dt in dts if not _is_bf16(dt)]
+        if not others:
+            return dts[0] if _is_bf16(dts[0]) else np.dtype(_bf16.BFLOAT16)
+        return np.dtype(np.result_type(_F32, *others).char)
     return np.dtype(np.result_type(*dts).char)
 
 
@@ -371,7 +396,7 @@ def layer_norm(
     dtype = _result_dtype(xa, [(weight, w), (bias, b)])
     if out is not None:
         _check_out(out, xa.shape, dtype)
-    stats_dtype = _F32 if dtype == _F16 else dtype
+    stats_dtype = _compute_dtype(dtype)
 
     # The output keeps x's memory order (like np.empty_like). The gufunc
     # sees x and y with the normalized axes last: views, so NumPy's overlap

@@ -22,7 +22,7 @@ from ._api import (
     _as_param,
     _as_real_array,
     _check_eps,
-    _F16,
+    _compute_dtype,
     _F32,
     _plan,
     _Plan,
@@ -89,7 +89,7 @@ class ExactSum:
         """The sums rounded once to ``dtype`` (float32 or float64; float16
         rounds through float64)."""
         dtype = np.dtype(dtype)
-        single = dtype.itemsize <= 4 and dtype.kind == "f" and dtype != _F16
+        single = dtype == _F32
         return _core._acc_value(self.state, single).astype(dtype).reshape(self.shape)
 
     def __repr__(self) -> str:
@@ -98,7 +98,7 @@ class ExactSum:
 
 def _grad_dtype(dtype: np.dtype[Any]) -> np.dtype[Any]:
     """dweight/dbias: float32 for records computed in float32, else float64."""
-    return _F32 if dtype.itemsize <= 4 else np.dtype(np.float64)
+    return _compute_dtype(dtype)
 
 
 def _stat_arg(a: object, name: str, plan: _Plan) -> Optional[NDArray[Any]]:

@@ -47,6 +47,9 @@ _rms_none: np.ufunc  # (n),()->(n),(): x, eps -> y, ms
 # the result keeps x's dtype.
 def _fast_rms(x: Any, weight: Any, eps: Any, out: Any, return_stats: Any,
               scale: bool = ..., /) -> Any: ...
+# Register the bfloat16 loops of every gufunc for this dtype's type number
+# (ml_dtypes.bfloat16), once.
+def _register_bfloat16(dtype: np.dtype[Any], /) -> None: ...
 # Two exact-sum states merged, exactly.
 def _acc_merge(a: NDArray[np.uint64], b: NDArray[np.uint64], /) -> NDArray[np.uint64]: ...
 # An exact-sum state rounded once (to float32 precision when float32 is true).

@@ -20,6 +20,7 @@ from ._api import (
     _check_eps,
     _check_flag,
     _check_out,
+    _compute_dtype,
     _F32,
     _plan,
     _Plan,
@@ -67,11 +68,6 @@ def _check_convention(convention: object) -> bool:
         raise ValueError(f"convention: expected 'weight' (LLaMA, T5) or '1+weight' (Gemma), "
                          f"got {convention!r}")
     return convention == "1+weight"
-
-
-def _compute_dtype(dtype: np.dtype[Any]) -> np.dtype[Any]:
-    """The type a result dtype is computed in: float32, or float64."""
-    return _F32 if dtype.itemsize <= 4 else np.dtype(np.float64)
 
 
 def _scale(w: Optional[NDArray[Any]], dtype: np.dtype[Any], plus_one: bool

@@ -1,0 +1,223 @@
+"""bfloat16 through ml_dtypes: the loops registered at import, computed in
+float32 with float64 totals and rounded once (to nearest even), never
+overflowing, reproducible; mixed with float32 parameters; the backward
+passes, RMSNorm and the layers; and nothing changes without ml_dtypes."""
+import numpy as np
+import pytest
+
+import layernorm_c as lnc
+from cases import F16, F32, F64, LAYOUTS
+from core_strategies import assert_same_bits
+from subprocess_support import run_python
+
+ml_dtypes = pytest.importorskip("ml_dtypes")
+BF16 = np.dtype(ml_dtypes.bfloat16)
+
+
+def _batch(n=300, d=200, seed=0, offset=3.0):
+    rng = np.random.default_rng(seed)
+    x = (offset + 2 * rng.standard_normal((n, d))).astype(BF16)
+    dy = rng.standard_normal((n, d)).astype(BF16)
+    w = rng.uniform(0.5, 2, d).astype(BF16)
+    b = rng.standard_normal(d).astype(BF16)
+    return x, dy, w, b
+
+
+def _f32(*arrays):
+    return [None if a is None else a.astype(F32) for a in arrays]
+
+
+def test_the_loops_are_registered():
+    x, _, w, b = _batch(4, 8)
+    for uf, args in ((lnc.layer_norm_ufunc, (x, w, b, 1e-5)), (lnc.rms_norm_ufunc, (x, w, 1e-6)),
+                     (lnc.layer_norm_backward_ufunc, (x, x, w, 1e-5)),
+                     (lnc.rms_norm_backward_ufunc, (x, x, w, 1e-6))):
+        assert uf(*args).dtype == BF16, uf.__name__
+
+
+@pytest.mark.parametrize("op,params", [("layer_norm", "none"), ("layer_norm", "w"),
+                                       ("layer_norm", "wb"), ("rms_norm", "none"),
+                                       ("rms_norm", "w")])
+def test_computed_in_float32_and_rounded_once(op, params):
+    """The bfloat16 result is the float32 computation of the same values
+    rounded once to nearest even: bit for bit what lnc computes from the
+    widened values, cast by ml_dtypes."""
+    x, _, w, b = _batch()
+    w = None if params == "none" else w
+    b = None if params != "wb" else b
+    if op == "layer_norm":
+        got = lnc.layer_norm(x, w, b, return_stats=True)
+        want = lnc.layer_norm(*_f32(x, w, b), return_stats=True)
+        stats = ("mean", "var")
+    else:
+        got = lnc.rms_norm(x, w, return_stats=True)
+        want = lnc.rms_norm(*_f32(x, w), return_stats=True)
+        stats = ("ms",)
+    assert got.y.dtype == BF16
+    assert_same_bits(got.y, want.y.astype(BF16), "y")
+    for name in stats:
+        assert getattr(got, name).dtype == F32
+        assert_same_bits(getattr(got, name), getattr(want, name), name)
+
+
+def test_worked_examples():
+    for ex in lnc._cases.WORKED_EXAMPLES:
+        y = lnc.layer_norm(np.array(ex.row, BF16), eps=0.0)
+        np.testing.assert_allclose(y.astype(F64), ex.y, rtol=2.0 ** -8, atol=1e-4)
+
+
+def test_accuracy_against_the_float64_reference():
+    """Rounded once: within bfloat16's unit roundoff (2^-8 relative, 8 bits
+    of precision) of the float64 reference, plus float32's share."""
+    x, _, w, b = _batch(offset=100.0)
+    for y, ref in ((lnc.layer_norm(x, w, b), lnc.reference_layer_norm(x, w, b).y),
+                   (lnc.rms_norm(x, w), lnc.reference_rms_norm(x, w).y)):
+        err = np.abs(y.astype(F64) - ref)
+        assert np.all(err <= 2.0 ** -8 * np.abs(ref) + 1e-5 * (1 + np.abs(ref).max()))
+
+
+@pytest.mark.parametrize("value", [1e38, 3e38, 1e-38, 1e-39])
+def test_never_overflows(value):
+    """bfloat16 has float32's range: squares of its large values overflow
+    float32, and the kernels rescale such records."""
+    rng = np.random.default_rng(1)
+    x = (value * rng.uniform(0.1, 1.0, (3, 64))).astype(BF16)
+    y = lnc.layer_norm(x, eps=0.0)
+    ref = lnc.reference_layer_norm(x, eps=0.0).y
+    assert np.isfinite(y.astype(F32)).all()
+    np.testing.assert_allclose(y.astype(F64), ref, atol=2.0 ** -8 * (1 + np.abs(ref).max()))
+    r = lnc.rms_norm(x, eps=0.0)
+    assert np.isfinite(r.astype(F32)).all()
+    np.testing.assert_allclose(r.astype(F64), lnc.reference_rms_norm(x, eps=0.0).y,
+                               rtol=2.0 ** -8)
+
+
+def test_non_finite_values_stay_in_their_record():
+    x, _, w, b = _batch(6, 40)
+    clean = lnc.layer_norm(x, w, b)
+    x[2, 3] = np.inf
+    x[4, 0] = np.nan
+    y = lnc.layer_norm(x, w, b)
+    assert np.isnan(y[[2, 4]].astype(F32)).all()
+    keep = [0, 1, 3, 5]
+    assert_same_bits(y[keep], clean[keep])
+
+
+def test_mixed_with_float32_parameters():
+    x, dy, w, b = _batch()
+    y = lnc.layer_norm(x, w.astype(F32), b)
+    assert y.dtype == F32
+    assert_same_bits(y, lnc.layer_norm(*_f32(x, w, b)))
+    g = lnc.layer_norm_backward(dy, x, w.astype(F32))
+    assert g.dx.dtype == F32
+    assert_same_bits(g.dx, lnc.layer_norm_backward(*_f32(dy, x, w)).dx)
+    assert lnc.rms_norm(x, w.astype(F64)).dtype == F64
+
+
+def test_with_float16_promotes_to_float32():
+    """NumPy has no common type of float16 and bfloat16; like PyTorch,
+    layernorm_c computes such a call in float32 (each converts exactly)."""
+    x, _, w, _ = _batch(10, 16)
+    y = lnc.layer_norm(x, w.astype(F16))
+    assert y.dtype == F32
+    assert_same_bits(y, lnc.layer_norm(x.astype(F32), w.astype(F16).astype(F32)))
+    y16 = lnc.rms_norm(x.astype(F16), w)
+    assert y16.dtype == F32
+
+
+def test_reproducible_across_levels_threads_and_layouts(restore_settings):
+    x, dy, w, b = _batch(1500, 96)
+    want = None
+    for isa in lnc.supported_isas():
+        for threads in (1, 2):
+            lnc.set_isa(isa)
+            lnc.set_num_threads(threads)
+            got = (lnc.layer_norm(x, w, b), lnc.rms_norm(x, w),
+                   lnc.layer_norm_backward(dy, x, w), lnc.rms_norm_backward(dy, x, w))
+            if want is None:
+                want = got
+                continue
+            assert_same_bits(got[0], want[0], f"layer_norm ({isa}, {threads})")
+            assert_same_bits(got[1], want[1], f"rms_norm ({isa}, {threads})")
+            for name in ("dx", "dweight", "dbias"):
+                assert_same_bits(getattr(got[2], name), getattr(want[2], name), name)
+            assert_same_bits(got[3].dx, want[3].dx, "rms dx")
+    for layout in ("fortran", "odd_offset", "misaligned", "col_strided", "reversed",
+                   "transposed", "readonly"):
+        xl = LAYOUTS[layout](x)
+        assert_same_bits(np.ascontiguousarray(lnc.layer_norm(xl, w, b)), want[0], layout)
+        assert_same_bits(np.ascontiguousarray(lnc.rms_norm(xl, w)), want[1], layout)
+
+
+def test_a_record_alone_or_in_a_batch():
+    x, _, w, b = _batch(50, 130)
+    full = lnc.layer_norm(x, w, b)
+    for i in (0, 31, 49):
+        assert_same_bits(lnc.layer_norm(x[i], w, b), full[i], f"record {i}")
+
+
+def test_backward_passes():
+    x, dy, w, _ = _batch(64, 48)
+    g = lnc.layer_norm_backward(dy, x, w)
+    want = lnc.layer_norm_backward(*_f32(dy, x, w))
+    assert g.dx.dtype == BF16 and g.dweight.dtype == F32
+    assert_same_bits(g.dx, want.dx.astype(BF16), "dx")
+    assert_same_bits(g.dweight, want.dweight, "dweight")
+    assert_same_bits(g.dbias, want.dbias, "dbias")
+    r = lnc.rms_norm_backward(dy, x, w, convention="1+weight")
+    rw = lnc.rms_norm_backward(*_f32(dy, x, w), convention="1+weight")
+    assert_same_bits(r.dx, rw.dx.astype(BF16), "rms dx")
+    assert_same_bits(r.dweight, rw.dweight, "rms dweight")
+
+
+def test_gemma_scale_in_float32():
+    x, _, w, _ = _batch(20, 32)
+    w = (w.astype(F32) - 1).astype(BF16)
+    want = lnc.rms_norm(x.astype(F32), w.astype(F32) + np.float32(1)).astype(BF16)
+    assert_same_bits(lnc.rms_norm(x, w, convention="1+weight"), want)
+
+
+def test_layers_in_bfloat16():
+    x, dy, _, _ = _batch(16, 8)
+    for layer in (lnc.LayerNorm(8, dtype=BF16), lnc.RMSNorm(8, dtype=BF16)):
+        assert layer.weight.dtype == BF16
+        y = layer(x)
+        assert y.dtype == BF16
+        layer.backward(dy)
+        assert layer.grad_weight.dtype == BF16
+
+
+def test_out_and_errors():
+    x, _, w, b = _batch(4, 8)
+    out = np.empty(x.shape, BF16)
+    assert lnc.layer_norm(x, w, b, out=out) is out
+    with pytest.raises(TypeError, match=r"^out: expected dtype bfloat16 \(the result dtype\), "
+                                         r"got float16"):
+        lnc.layer_norm(x, out=np.empty(x.shape, F16))
+    with pytest.raises(TypeError, match=r"^out: expected dtype float32"):
+        lnc.layer_norm(x.astype(F32), out=np.empty(x.shape, BF16))
+
+
+def test_inputs_are_not_modified():
+    x, dy, w, b = _batch(20, 30)
+    copies = [a.copy() for a in (x, dy, w, b)]
+    lnc.layer_norm(x, w, b)
+    lnc.rms_norm_backward(dy, x, w)
+    for a, c in zip((x, dy, w, b), copies):
+        assert_same_bits(a, c)
+
+
+def test_without_ml_dtypes_nothing_changes():
+    """With ml_dtypes unimportable, layernorm_c imports, registers nothing
+    and computes as before."""
+    code = (
+        "import sys; sys.modules['ml_dtypes'] = None\n"
+        "import numpy as np, layernorm_c as lnc\n"
+        "from layernorm_c import _bf16\n"
+        "assert _bf16.BFLOAT16 is None\n"
+        "assert len(lnc.layer_norm_ufunc.types) == 3, lnc.layer_norm_ufunc.types\n"
+        "print(lnc.layer_norm(np.array([1.0, 2.0, 3.0, 4.0]), eps=0.0)[0])\n"
+    )
+    proc = run_python(["-c", code])
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "-1.3416407864998738"
