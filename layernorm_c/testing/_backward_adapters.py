@@ -432,24 +432,49 @@ def _adapt_torch(fn: Callable[..., Any], signature: Optional[str]) -> BackwardIm
 
 def _jax_vjp(fn: Callable[..., Any], sig: _Signature) -> Callable[..., Grads]:
     """A forward ``fn(x, weight, bias, eps)`` (as the signature says)
-    differentiated by ``jax.vjp``."""
+    differentiated by ``jax.vjp``.
+
+    The forward and its pullback run under one ``jax.jit`` (eps traced, so a
+    new eps does not compile again), unless ``fn`` cannot be traced (Python
+    control flow on values): then op by op.
+    """
     jax = importlib.import_module("jax")
     jnp = importlib.import_module("jax.numpy")
+    compiled: Dict[Tuple[str, ...], Any] = {}
+    untraceable: List[bool] = []
+
+    def grads_of(names: Tuple[str, ...]) -> Callable[..., Any]:
+        def grads(dy: Any, eps: Any, *arrays: Any) -> Any:
+            def f(*primals: Any) -> Any:
+                values: Dict[str, Any] = {"x": None, "weight": None, "bias": None, "eps": eps}
+                values.update(zip(names, primals))
+                return fn(*[values[n] for n in sig.positional],
+                          **{n: values[n] for n in sig.keyword})
+
+            y, vjp = jax.vjp(f, *arrays)
+            return vjp(dy.astype(y.dtype))
+
+        return grads
 
     def call(dy: npt.NDArray[Any], x: npt.NDArray[Any], weight: Optional[npt.NDArray[Any]],
              bias: Optional[npt.NDArray[Any]], eps: float) -> Grads:
         given = [(k, v) for k, v in (("x", x), ("weight", weight), ("bias", bias))
                  if v is not None]
-
-        def f(*arrays: Any) -> Any:
-            values: Dict[str, Any] = {"x": None, "weight": None, "bias": None, "eps": eps}
-            values.update({k: a for (k, _), a in zip(given, arrays)})
-            return fn(*[values[n] for n in sig.positional],
-                      **{n: values[n] for n in sig.keyword})
-
-        y, vjp = jax.vjp(f, *[jnp.asarray(v) for _, v in given])
-        grads = vjp(jnp.asarray(dy, dtype=y.dtype))
-        out = {k: _converted(g, np.asarray) for (k, _), g in zip(given, grads)}
+        names = tuple(k for k, _ in given)
+        args = [jnp.asarray(dy), eps] + [jnp.asarray(v) for _, v in given]
+        plain = grads_of(names)
+        if untraceable:
+            result = plain(*args)
+        else:
+            jitted = compiled.setdefault(names, jax.jit(plain))
+            try:
+                result = jitted(*args)
+            except Exception:
+                # Not traceable under jit (or failing anyway: then the plain
+                # call raises the implementation's own error).
+                result = plain(*args)
+                untraceable.append(True)
+        out = {k: _converted(g, np.asarray) for k, g in zip(names, result)}
         return Grads(out["x"], out.get("weight"), out.get("bias"))
 
     return call
