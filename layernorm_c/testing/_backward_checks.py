@@ -268,7 +268,8 @@ def check_hand_rows(p: BackwardProbe) -> CheckResult:
                            f"wrong on the worked examples at eps={eps:g}: {'; '.join(wrong)}. "
                            "The checks below name the likely cause")
     return CheckResult("hand_rows", PASS, figure,
-                       f"x = [1, 2, 3, 4], dy = [1, 0, 0, 0] -> dx = {_fmt_row(got.dx[0].tolist())} "
+                       "x = [1, 2, 3, 4], dy = [1, 0, 0, 0] -> dx = "
+                       f"{_fmt_row(got.dx[0].tolist())} "
                        f"(0.894427 * [0.3, -0.4, -0.1, 0.2]) at eps={eps:g}, and the "
                        "parameter gradients dy * xhat and dy")
 

@@ -181,9 +181,8 @@ class BackwardProbe(ProbeBase[BackwardImplementation]):
 def _flattened(g: Grads) -> Grads:
     """Parameter gradients summed over their leading axes, to ``(d,)``."""
     d = g.dx.shape[-1]
-    return Grads(g.dx, *(None if a is None or a.shape == (d,) else
-                         a.reshape(-1, d).sum(axis=0) if a.size % d == 0 else a
-                         for a in (g.dweight, g.dbias)))
+    return Grads(g.dx, *(a if a is None or a.shape == (d,) or a.size % d else
+                         a.reshape(-1, d).sum(axis=0) for a in (g.dweight, g.dbias)))
 
 
 def _total(parts: List[Optional[npt.NDArray[np.float64]]]) -> Optional[npt.NDArray[np.float64]]:
