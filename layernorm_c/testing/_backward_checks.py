@@ -765,7 +765,8 @@ def check_param_sums(p: BackwardProbe) -> CheckResult:
     t = p.terms(flat_dy, flat_x, w)
     term_sizes = {"dweight": _dweight_sizes(flat_dy, t.xhat).reshape(lead + (d,)),
                   "dbias": np.abs(dy.astype(np.float64))}
-    figures, said = [], []
+    figures: List[str] = []
+    said: List[Tuple[str, str]] = []  # (what is wrong, about which gradients)
     values: Dict[str, Any] = {}
     for name in ("dweight", "dbias"):
         value = getattr(got, name)
@@ -787,25 +788,31 @@ def check_param_sums(p: BackwardProbe) -> CheckResult:
         if scores.get("correct", math.inf) <= 1:
             continue
         if not scores:
-            said.append(f"{name} has shape {value.shape} for x of shape {x.shape}: a parameter "
-                        f"gradient is shaped like the parameter, ({d},)")
+            said.append((f"has shape {value.shape} for x of shape {x.shape}: a parameter "
+                         f"gradient is shaped like the parameter, ({d},)", name))
             continue
         best = min(scores, key=lambda k: scores[k])
         if scores[best] > 1:
-            said.append(f"{name} is not a sum of the records' own {name} (the closest, "
-                        f"{best}, is off by {scores[best]:.3g} x tol)")
+            said.append((f"is not a sum of the records' own gradients (the closest, {best}, is "
+                         f"off by {scores[best]:.3g} x tol)", name))
             continue
-        said.append(f"{name} {SUM_DEFECTS[best]}" + (
+        said.append((SUM_DEFECTS[best] + (
             f" (shape {value.shape} for x of shape {x.shape})" if value.shape != (d,) else
-            f" ({ratio:.3g} times the sum over the {n} records)" if best == "mean" else ""))
+            f" ({ratio:.3g} times the sum over the {n} records)" if best == "mean" else ""),
+            name))
     figure = ", ".join(figures) or "no parameter gradients"
     if not said:
         return CheckResult("param_sums", PASS, figure,
                            f"the sums over all {n} records of each record's own gradients "
                            f"(x of shape {x.shape})", values)
+    # The same finding for both gradients is said once.
+    merged: Dict[str, List[str]] = {}
+    for what, name in said:
+        merged.setdefault(what, []).append(name)
+    text = "; ".join(f"{' and '.join(names)} {what}" for what, names in merged.items())
     fix = ("; sum over every axis but the last (e.g. reshape(-1, d).sum(axis=0))"
-           if any("axes" in s or "not summed" in s for s in said) else "")
-    return CheckResult("param_sums", FAIL, figure, "; ".join(said) + fix, values)
+           if any("axes" in w or "not summed" in w for w in merged) else "")
+    return CheckResult("param_sums", FAIL, figure, text + fix, values)
 
 
 @_check("coupling", "dx of each record independent of the other records (bits: warning)")
