@@ -87,6 +87,23 @@ def eps_ignored(dy, x, weight, bias, eps):
     return _textbook(dy, x, weight, 0.0)
 
 
+def eps_twice(dy, x, weight, bias, eps):
+    """Adds eps to a variance that already has it."""
+    return _textbook(dy, x, weight, 2 * eps)
+
+
+def eps_on_std(dy, x, weight, bias, eps):
+    """rstd = 1 / (std + eps) in the backward."""
+    x64, dy64 = np.asarray(x, np.float64), np.asarray(dy, np.float64)
+    c = x64 - x64.mean(axis=-1, keepdims=True)
+    rstd = 1.0 / (np.sqrt((c * c).mean(axis=-1, keepdims=True)) + eps)
+    xhat = c * rstd
+    g = dy64 * np.asarray(weight, np.float64)
+    dx = rstd * (g - g.mean(axis=-1, keepdims=True)
+                 - xhat * (g * xhat).mean(axis=-1, keepdims=True))
+    return dx.astype(np.asarray(x).dtype), _sum(dy64 * xhat), _sum(dy64)
+
+
 def sign_error(dy, x, weight, bias, eps):
     """Returns the negative of dx."""
     return _textbook(dy, x, weight, eps, sign=-1.0)

@@ -481,7 +481,10 @@ def check_variance(p: BackwardProbe) -> CheckResult:
     var, rstd, residual, tol = _measured_rstd(p, "variance", d, base * ratios, p.eps)
     rel = tol.dx.rtol + tol.dx.atol
     sample = d / (d - 1)
-    fits = {ddof: _fit_rstd(var, rstd, slope, "variance", rel)
+    # Where eps goes is the eps check's business: each convention is fitted
+    # with eps inside the square root or on the standard deviation.
+    fits = {ddof: min((_fit_rstd(var, rstd, slope, mode, rel) for mode in ("variance", "std")),
+                      key=lambda f: f[1])
             for ddof, slope in ((0, 1.0), (1, sample))}
     # The figure: rstd against the reference's at the largest variance
     # (where eps hardly matters), as the forward's variance check shows
@@ -553,7 +556,7 @@ def check_eps(p: BackwardProbe) -> CheckResult:
         for mode in ("variance", "std"):
             ests = [_fit_rstd(v, r, slope, mode, rel) for v, r, _, _ in measured]
             candidates[(ddof, mode)] = ([e for e, _ in ests], max(u for _, u in ests))
-    slope_ddof = min((0, 1), key=lambda k: candidates[(k, "variance")][1])
+    slope_ddof, best_mode = min(candidates, key=lambda k: candidates[k][1])
     slope = 1.0 if slope_ddof == 0 else d / (d - 1)
     sample = " (with the sample variance: see the variance check)" if slope_ddof else ""
 
@@ -563,8 +566,10 @@ def check_eps(p: BackwardProbe) -> CheckResult:
 
     estimates = candidates[(slope_ddof, "variance")][0]
     shown = ", ".join(f"{e:g}" for e in eps_values)
-    figure = "eps in use " + ", ".join(f"{e:.3g}" for e in estimates) + f" for eps {shown}"
-    values = {"eps": eps_values, "estimates": estimates}
+    in_use = candidates[(slope_ddof, best_mode)][0]
+    figure = ("eps in use " + ", ".join(f"{e:.3g}" for e in in_use)
+              + (" (on the std)" if best_mode == "std" else "") + f" for eps {shown}")
+    values = {"eps": eps_values, "estimates": in_use, "placement": best_mode}
     if fits_with(eps_values):
         return CheckResult("eps", PASS, figure,
                            f"the backward's rstd is 1 / sqrt(var + eps) with the forward's eps "
@@ -581,7 +586,12 @@ def check_eps(p: BackwardProbe) -> CheckResult:
                       if constant > 0 else math.inf)
         ratio = float(np.median([e / g for e, g in zip(estimates, eps_values)]))
         std_values, std_units = candidates[(slope_ddof, "std")]
-        if len(eps_values) > 1 and fits_with([nearest] * len(eps_values)):
+        if best_mode == "std" and std_units <= 1:
+            on = ("the forward's eps" if fits_with(eps_values, "std") else
+                  "eps = " + ", ".join(f"{e:.3g}" for e in std_values))
+            why = ("eps added to the standard deviation in the backward: its rstd is "
+                   f"1 / (sqrt(var) + eps) with {on}, instead of 1 / sqrt(var + eps)")
+        elif len(eps_values) > 1 and fits_with([nearest] * len(eps_values)):
             why = (f"the backward does not use the eps it is given: it uses eps = {nearest:g} "
                    "whatever the forward's (a hard-coded or default eps)")
         elif len(eps_values) > 1 and fits_with([constant] * len(eps_values)):
@@ -589,9 +599,6 @@ def check_eps(p: BackwardProbe) -> CheckResult:
                    f"{constant:.3g} whatever the forward's")
         elif fits_with([ratio * e for e in eps_values]):
             why = f"the backward uses {ratio:.3g} times the forward's eps"
-        elif std_units <= 1 and fits_with(std_values, "std"):
-            why = ("eps added to the standard deviation in the backward: its rstd is "
-                   "1 / (sqrt(var) + eps) instead of 1 / sqrt(var + eps)")
         elif fits_with(estimates):
             why = "the backward uses eps = " + ", ".join(f"{e:.3g}" for e in estimates)
         else:
