@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
+from numpy.typing import NDArray
 
 from .._cases import WORKED_EXAMPLES
 from ._backward_adapters import Grads
@@ -103,8 +104,8 @@ def _needs_param(p: BackwardProbe, name: str, which: str = "dweight or dbias") -
                        f"{p.impl.name} returns no {which}")
 
 
-def _designed_dy(p: BackwardProbe, rng: np.random.Generator, x: np.ndarray,
-                 weight: Param) -> np.ndarray:
+def _designed_dy(p: BackwardProbe, rng: np.random.Generator, x: NDArray[Any],
+                 weight: Param) -> NDArray[Any]:
     """dy for records ``x`` (cast, ``(n, d)``) such that ``g = dy * weight``
     has a large mean and a large correlation with ``x - mean(x)`` in every
     record: the terms of dx through the mean and through the variance are
@@ -121,29 +122,29 @@ def _designed_dy(p: BackwardProbe, rng: np.random.Generator, x: np.ndarray,
     return p.cast(g / w64)
 
 
-def _worst_at(units: np.ndarray) -> Tuple[int, ...]:
+def _worst_at(units: NDArray[Any]) -> Tuple[int, ...]:
     return tuple(int(i) for i in np.unravel_index(int(np.argmax(units)), units.shape))
 
 
-def _max(a: np.ndarray) -> float:
+def _max(a: NDArray[Any]) -> float:
     if not a.size:
         return 0.0
     return float(np.nan_to_num(np.asarray(a, np.float64), nan=np.inf).max())
 
 
-def _dx_units(tol: BackwardTolerance, got: np.ndarray, want: np.ndarray, t: Terms) -> np.ndarray:
+def _dx_units(tol: BackwardTolerance, got: NDArray[Any], want: NDArray[Any], t: Terms) -> NDArray[Any]:
     return tol.dx_units(got.reshape(t.g.shape), want.reshape(t.g.shape), t.scale)
 
 
-def _dweight_sizes(dy: np.ndarray, xhat: np.ndarray) -> np.ndarray:
+def _dweight_sizes(dy: NDArray[Any], xhat: NDArray[Any]) -> NDArray[Any]:
     """The size of each record's term of dweight: ``|dy| * max(1, |xhat|)``
     (xhat is computed to a few ulps of the record's scale, 1, not of its
     own value, which may be near 0)."""
-    out: np.ndarray = np.abs(np.asarray(dy, np.float64)) * np.maximum(1.0, np.abs(xhat))
+    out: NDArray[Any] = np.abs(np.asarray(dy, np.float64)) * np.maximum(1.0, np.abs(xhat))
     return out
 
 
-def _param_magnitudes(dy: np.ndarray, xhat: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+def _param_magnitudes(dy: NDArray[Any], xhat: NDArray[Any]) -> Tuple[NDArray[Any], NDArray[Any]]:
     """Per feature, the sums over the records of the sizes of dweight's and
     dbias's terms (see :func:`_dweight_sizes`)."""
     d = dy.shape[-1]
@@ -160,7 +161,7 @@ def _grads_identical(a: Grads, b: Grads, dx_only: bool = True) -> bool:
                for u, v in ((a.dweight, b.dweight), (a.dbias, b.dbias)))
 
 
-def _max_ulps(a: Optional[np.ndarray], b: Optional[np.ndarray]) -> float:
+def _max_ulps(a: Optional[NDArray[Any]], b: Optional[NDArray[Any]]) -> float:
     if a is None or b is None:
         return 0.0
     return float(ulp_distance(a, b).max()) if a.size else 0.0
@@ -355,8 +356,8 @@ FORMULA = "rstd * (g - mean(g) - xhat * mean(g * xhat)) with g = dy * weight"
 
 
 def _designed_records(p: BackwardProbe, stream: str, n: int, d: int,
-                      variances: Optional[np.ndarray] = None
-                      ) -> Tuple[np.ndarray, np.ndarray, Param, Param, np.random.Generator]:
+                      variances: Optional[NDArray[Any]] = None
+                      ) -> Tuple[NDArray[Any], NDArray[Any], Param, Param, np.random.Generator]:
     """Records with their own offsets (and the given variances, default
     about 1), random parameters, and dy from :func:`_designed_dy`."""
     rng = p.rng(stream)
@@ -419,7 +420,7 @@ def check_paths(p: BackwardProbe) -> CheckResult:
                                        "variance", result), values)
 
 
-def fit_dx(got: np.ndarray, models: Dict[str, List[np.ndarray]], tol: BackwardTolerance,
+def fit_dx(got: NDArray[Any], models: Dict[str, List[NDArray[Any]]], tol: BackwardTolerance,
            t: Terms) -> Fit[str]:
     """:func:`~._numerics.fit` of dx in units of each record's scale."""
     s = t.scale
@@ -438,7 +439,7 @@ class RstdFit:
     units: float
 
 
-def _fit_rstd(var: np.ndarray, rstd: np.ndarray, slope: float, mode: str,
+def _fit_rstd(var: NDArray[Any], rstd: NDArray[Any], slope: float, mode: str,
               rel: float, eps: Optional[float] = None) -> Tuple[float, float]:
     """Estimate eps (unless given) for ``1/rstd**2 = slope * var + eps``
     (``mode='variance'``) or ``1/rstd = sqrt(slope * var) + eps``
@@ -457,8 +458,8 @@ def _fit_rstd(var: np.ndarray, rstd: np.ndarray, slope: float, mode: str,
     return eps, _max(units)
 
 
-def _measured_rstd(p: BackwardProbe, stream: str, d: int, variances: np.ndarray,
-                   eps: float) -> Tuple[np.ndarray, np.ndarray, np.ndarray, BackwardTolerance]:
+def _measured_rstd(p: BackwardProbe, stream: str, d: int, variances: NDArray[Any],
+                   eps: float) -> Tuple[NDArray[Any], NDArray[Any], NDArray[Any], BackwardTolerance]:
     """The rstd the backward uses for records of the given variances (read
     from its dx), beside the records' true variances; and the residual of
     the decomposition in tolerance units."""
@@ -732,7 +733,7 @@ SUM_DEFECTS = {
 }
 
 
-def _reductions(terms: np.ndarray) -> Dict[str, np.ndarray]:
+def _reductions(terms: NDArray[Any]) -> Dict[str, NDArray[Any]]:
     """The candidate reductions of per-record terms (lead + (d,))."""
     lead = terms.shape[:-1]
     d = terms.shape[-1]
@@ -965,8 +966,8 @@ def check_state(p: BackwardProbe) -> CheckResult:
                        "the same input gives bit-identical gradients after 3 other calls", values)
 
 
-def _accumulates(again: np.ndarray, previous: np.ndarray, first: np.ndarray,
-                 zero: np.ndarray, tol: BackwardTolerance, magnitude: np.ndarray) -> bool:
+def _accumulates(again: NDArray[Any], previous: NDArray[Any], first: NDArray[Any],
+                 zero: NDArray[Any], tol: BackwardTolerance, magnitude: NDArray[Any]) -> bool:
     """Whether ``again`` is the previous call's result plus this input's own
     gradient, ``first`` minus what the call with dy = 0 before it returned
     (a running sum, never reset)."""
@@ -988,7 +989,7 @@ def check_cancellation(p: BackwardProbe) -> CheckResult:
     tol = p.tol(d)
     errors: List[float] = []
     excess: List[float] = []
-    first: Optional[Tuple[np.ndarray, Grads]] = None
+    first: Optional[Tuple[NDArray[Any], Grads]] = None
     for offset in OFFSETS:
         spread = max(1.0, 4 * float(np.spacing(p.dtype.type(offset))))
         shifted = p.cast(offset + spread * z)
@@ -1182,7 +1183,7 @@ def check_param_invariance(p: BackwardProbe) -> CheckResult:
     dy = p.cast(rng.standard_normal((n, d)))
     w, b = p.params(*_random_params(rng, d))
 
-    def run(order: np.ndarray, shape: Tuple[int, ...]) -> Grads:
+    def run(order: NDArray[Any], shape: Tuple[int, ...]) -> Grads:
         return p.call_raw(dy[order].reshape(shape + (d,)), x[order].reshape(shape + (d,)), w, b,
                           any_param_shape=True)
 
