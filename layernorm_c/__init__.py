@@ -12,7 +12,14 @@ from . import _bf16
 from ._api import LayerNormResult, layer_norm, layer_norm_ufunc
 from ._backward import ExactSum, LayerNormGrads, layer_norm_backward, layer_norm_backward_ufunc
 from ._layer import LayerNorm, RMSNorm
-from ._reference import ReferenceResult, ReferenceRMSResult, reference_layer_norm, reference_rms_norm
+from ._reference import (
+    ReferenceGrads,
+    ReferenceResult,
+    ReferenceRMSResult,
+    reference_layer_norm,
+    reference_layer_norm_backward,
+    reference_rms_norm,
+)
 from ._rms import (
     RMSNormGrads,
     RMSNormResult,
@@ -55,6 +62,8 @@ __all__ = [
     "RMSNorm",
     "reference_layer_norm",
     "ReferenceResult",
+    "reference_layer_norm_backward",
+    "ReferenceGrads",
     "reference_rms_norm",
     "ReferenceRMSResult",
     "get_isa",

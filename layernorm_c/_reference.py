@@ -1,12 +1,17 @@
-"""A plain NumPy LayerNorm in float64: the oracle the C core is tested against.
+"""A plain NumPy LayerNorm in float64, forward and backward: the oracles the
+C core (and ``layernorm_c.testing``'s audits of other implementations) are
+tested against.
 
-It follows the textbook definition step by step (two-pass centered variance,
-population variance, eps inside the square root) and favours clarity over
-speed, like bottleneck's ``bn.slow`` functions.
+They follow the textbook definitions step by step (two-pass centered
+variance, population variance, eps inside the square root; the backward's
+three-term formula for dx and plain sums over the records for the parameter
+gradients) and favour clarity over speed, like bottleneck's ``bn.slow``
+functions.
 """
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Optional, Sequence, Tuple, Union
+import math
+from typing import Any, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -54,8 +59,7 @@ def reference_layer_norm(
         the number of features) and does not include eps.
     """
     x = np.asarray(x, dtype=np.float64)
-    given: Sequence[int] = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
-    axes = tuple(sorted(int(a) % x.ndim for a in given))
+    axes = _axes(axis, x.ndim)
     # Each record is scaled by a power of two (exact) that brings its
     # largest magnitude near 1, so that neither the sum nor the squares can
     # overflow or underflow; eps scales with the variance, so y is unchanged.
@@ -150,3 +154,132 @@ def _record_scale(x: NDArray[np.float64], axes: Tuple[int, ...]) -> NDArray[np.f
     ok = np.isfinite(m) & (m > 0)
     _, e = np.frexp(np.where(ok, m, 1.0))
     return np.where(ok, np.ldexp(1.0, -np.clip(e, -1000, 1000)), 1.0)
+
+
+def _axes(axis: Axis, ndim: int) -> Tuple[int, ...]:
+    given: Sequence[int] = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
+    return tuple(sorted(int(a) % ndim for a in given))
+
+
+class ReferenceGrads(NamedTuple):
+    """What :func:`reference_layer_norm_backward` returns, all in float64."""
+
+    dx: NDArray[np.float64]
+    """The gradient with respect to ``x``, shaped like ``x``."""
+    dweight: NDArray[np.float64]
+    """The sum over records of ``dy * xhat``, shaped like the normalized axes."""
+    dbias: NDArray[np.float64]
+    """The sum over records of ``dy``, shaped like the normalized axes."""
+
+
+def reference_layer_norm_backward(
+    dy: ArrayLike,
+    x: ArrayLike,
+    weight: Optional[ArrayLike] = None,
+    eps: float = 1e-5,
+    axis: Axis = -1,
+) -> ReferenceGrads:
+    """The gradients of layer normalization, computed in float64 with NumPy.
+
+    With ``xhat = (x - mean) / sqrt(var + eps)`` (population variance) and
+    ``g = dy * weight``, every record gets ::
+
+        dx = (g - mean(g) - xhat * mean(g * xhat)) / sqrt(var + eps)
+
+    and the parameter gradients are sums over the records::
+
+        dweight = sum(dy * xhat)        dbias = sum(dy)
+
+    Each product is rounded once to float64 and each sum is then computed
+    exactly and rounded once (:func:`math.fsum`), so ``dweight`` and
+    ``dbias`` do not depend on the order of the records.
+
+    Parameters
+    ----------
+    dy : array_like
+        The gradient of the loss with respect to the forward's output,
+        shaped like ``x``. Converted to float64.
+    x : array_like
+        The forward's input. Converted to float64.
+    weight : array_like, optional
+        The forward's gain, shaped like the normalized axes; ``None`` means
+        a gain of 1. The bias does not enter the backward.
+    eps : float, optional
+        The forward's eps, added to the variance inside the square root.
+    axis : int or tuple of ints, optional
+        The normalized axis (or axes, jointly). Default -1.
+
+    Returns
+    -------
+    ReferenceGrads
+        ``(dx, dweight, dbias)`` in float64: ``dx`` shaped like ``x``,
+        ``dweight`` and ``dbias`` shaped like the normalized axes.
+
+    Examples
+    --------
+    >>> import numpy as np, layernorm_c as lnc
+    >>> g = lnc.reference_layer_norm_backward([[1.0, 0.0, 0.0, 0.0]],
+    ...                                       [[1.0, 2.0, 3.0, 4.0]], eps=0.0)
+    >>> np.round(g.dx / (1 / np.sqrt(1.25)), 12)
+    array([[ 0.3, -0.4, -0.1,  0.2]])
+    >>> g.dbias
+    array([1., 0., 0., 0.])
+    """
+    x = np.asarray(x, dtype=np.float64)
+    dy = np.asarray(dy, dtype=np.float64)
+    if dy.shape != x.shape:
+        raise ValueError(f"dy: expected the shape of x {x.shape}, got {dy.shape}")
+    axes = _axes(axis, x.ndim)
+    param_shape = [x.shape[a] if a in axes else 1 for a in range(x.ndim)]
+    g = dy if weight is None else dy * np.asarray(weight, np.float64).reshape(param_shape)
+    # As in the forward, each record of x is scaled by a power of two
+    # (exact) that brings its largest magnitude near 1, and so is each
+    # record of g: no sum or square can overflow or underflow. xhat is
+    # unchanged; 1 / sqrt(var + eps) is scale / denom.
+    scale = _record_scale(x, axes)
+    g_scale = _record_scale(g, axes)
+    with np.errstate(under="ignore", over="ignore", invalid="ignore", divide="ignore"):
+        xs = x * scale
+        centered = xs - xs.mean(axis=axes, keepdims=True)
+        var = (centered * centered).mean(axis=axes, keepdims=True)
+        denom = np.sqrt(var + eps * scale * scale)
+        if eps > 0:
+            # denom is 0 only for a constant record whose scaled eps
+            # underflowed: its xhat is 0 and its rstd 1 / sqrt(eps).
+            xhat = np.divide(centered, denom, out=np.zeros_like(centered),
+                             where=denom != 0)
+            rstd = np.divide(scale, denom, out=np.full_like(denom, 1.0 / math.sqrt(eps)),
+                             where=denom != 0)
+        else:
+            xhat = centered / denom
+            rstd = scale / denom
+        gs = g * g_scale
+        mean_g = gs.mean(axis=axes, keepdims=True)
+        mean_gx = (gs * xhat).mean(axis=axes, keepdims=True)
+        dx = (gs - mean_g - xhat * mean_gx) * (rstd / g_scale)
+    records = tuple(a for a in range(x.ndim) if a not in axes)
+    norm_shape = tuple(x.shape[a] for a in axes)
+    with np.errstate(invalid="ignore", over="ignore"):
+        dweight = _exact_sum(dy * xhat, records, norm_shape)
+    dbias = _exact_sum(dy, records, norm_shape)
+    return ReferenceGrads(dx, dweight, dbias)
+
+
+def _exact_sum(terms: NDArray[np.float64], records: Tuple[int, ...],
+               norm_shape: Tuple[int, ...]) -> NDArray[np.float64]:
+    """Per feature, the sum over ``records`` of ``terms``, exact and rounded
+    once (NaN and infinities propagate as in a plain sum; a finite sum too
+    large for float64 is +-inf)."""
+    d = math.prod(norm_shape)
+    # Records first, features last: one column per feature.
+    columns = np.moveaxis(terms, list(records), list(range(len(records)))).reshape(-1, d)
+    out: List[float] = []
+    for column in columns.T:
+        if not np.isfinite(column).all():
+            out.append(float(np.sum(column)))
+            continue
+        try:
+            out.append(math.fsum(column.tolist()))
+        except OverflowError:
+            out.append(math.copysign(math.inf, float(np.sum(column / 2.0))))
+    return np.array(out, dtype=np.float64).reshape(norm_shape)

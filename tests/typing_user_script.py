@@ -11,18 +11,25 @@ from numpy.typing import NDArray
 
 import layernorm_c as lnc
 from layernorm_c.testing import (
+    BACKWARD_CHECKS,
     CHECKS,
+    DEFAULT_BACKWARD_SIGNATURE,
     DEFAULT_SIGNATURE,
     TOLERANCES,
     AuditReport,
+    BackwardImplementation,
     CheckResult,
     Implementation,
     LayerNormAudit,
     LayerNormAuditWarning,
+    LayerNormBackwardAudit,
     Tolerance,
     adapt,
     check_layer_norm,
+    check_layer_norm_backward,
+    describe_backward_checks,
     describe_checks,
+    layer_norm_backward_checks,
     layer_norm_checks,
 )
 
@@ -68,6 +75,24 @@ def settings() -> List[str]:
     return levels
 
 
+def my_backward(dy: NDArray[Any], x: NDArray[Any], weight: Optional[NDArray[Any]],
+                bias: Optional[NDArray[Any]], eps: float
+                ) -> "tuple[NDArray[Any], NDArray[Any], NDArray[Any]]":
+    """A backward a user validates: layernorm_c's own, through the reference."""
+    grads: lnc.ReferenceGrads = lnc.reference_layer_norm_backward(dy, x, weight, eps)
+    return grads.dx.astype(x.dtype), grads.dweight, grads.dbias
+
+
+def backward_audit() -> None:
+    report: AuditReport = check_layer_norm_backward(my_backward, checks=["hand_rows", "paths"])
+    print(report.summary(), describe_backward_checks().count("\n") + 1 == len(BACKWARD_CHECKS))
+    audit = LayerNormBackwardAudit(my_backward, dtype="float64",
+                                   signature=DEFAULT_BACKWARD_SIGNATURE)
+    print(audit.run(layer_norm_backward_checks(exclude=["param_invariance"])[:3]).ok)
+    impl: BackwardImplementation = adapt(my_backward, backward=True)
+    print(impl.name, impl.returns_dweight)
+
+
 def main() -> None:
     rng = np.random.default_rng(0)
     x = rng.standard_normal((4, 8)).astype(np.float32)
@@ -95,6 +120,7 @@ def main() -> None:
     tol: Tolerance = TOLERANCES[np.dtype(np.float32)]
     print(tol.rtol, layer_norm_checks(exclude=["float16_overflow"])[:2])
     print(issubclass(LayerNormAuditWarning, UserWarning))
+    backward_audit()
 
 
 if __name__ == "__main__":

@@ -10,11 +10,24 @@ and :func:`from_jax` (or the ``signature=`` and ``framework=`` options) cover
 other conventions. :data:`CHECKS` names every check; the pytest plugin
 (:mod:`layernorm_c.testing.plugin`) runs them as fixtures, and
 ``python -m layernorm_c audit module:function`` from the command line.
+
+The backward pass has its own battery, :data:`BACKWARD_CHECKS`:
+
+>>> from layernorm_c.testing import check_layer_norm_backward
+>>> check_layer_norm_backward(my_backward)   # doctest: +SKIP
+
+``my_backward(dy, x, weight, bias, eps) -> (dx, dweight, dbias)`` by default,
+or a PyTorch or JAX forward differentiated by autograd or ``jax.vjp``; see
+:class:`LayerNormBackwardAudit` (``python -m layernorm_c audit --backward
+module:function`` from the command line).
 """
 from typing import Iterable, List
 
 from ._adapters import DEFAULT_SIGNATURE, Implementation, adapt, from_jax, from_torch
 from ._audit import LayerNormAudit, LayerNormAuditWarning, check_layer_norm
+from ._backward_adapters import DEFAULT_BACKWARD_SIGNATURE, BackwardImplementation
+from ._backward_audit import LayerNormBackwardAudit, check_layer_norm_backward
+from ._backward_checks import BACKWARD_CHECKS, BACKWARD_REGISTRY
 from ._checks import CHECKS, REGISTRY
 from ._numerics import TOLERANCES, Tolerance
 from ._report import AuditReport, CheckResult
@@ -22,16 +35,23 @@ from ._report import AuditReport, CheckResult
 __all__ = [
     "check_layer_norm",
     "LayerNormAudit",
+    "check_layer_norm_backward",
+    "LayerNormBackwardAudit",
     "AuditReport",
     "CheckResult",
     "CHECKS",
+    "BACKWARD_CHECKS",
     "describe_checks",
+    "describe_backward_checks",
     "layer_norm_checks",
+    "layer_norm_backward_checks",
     "adapt",
     "from_torch",
     "from_jax",
     "Implementation",
+    "BackwardImplementation",
     "DEFAULT_SIGNATURE",
+    "DEFAULT_BACKWARD_SIGNATURE",
     "Tolerance",
     "TOLERANCES",
     "LayerNormAuditWarning",
@@ -42,6 +62,12 @@ def describe_checks() -> str:
     """Every check's name and what it verifies, one per line."""
     width = max(len(n) for n in CHECKS)
     return "\n".join(f"{n:<{width}}  {REGISTRY[n].title}" for n in CHECKS)
+
+
+def describe_backward_checks() -> str:
+    """Every backward check's name and what it verifies, one per line."""
+    width = max(len(n) for n in BACKWARD_CHECKS)
+    return "\n".join(f"{n:<{width}}  {BACKWARD_REGISTRY[n].title}" for n in BACKWARD_CHECKS)
 
 
 def layer_norm_checks(exclude: Iterable[str] = ()) -> List[str]:
@@ -73,3 +99,28 @@ def layer_norm_checks(exclude: Iterable[str] = ()) -> List[str]:
     if unknown:
         raise ValueError(f"exclude: unknown checks {sorted(unknown)}; expected names from {CHECKS}")
     return [n for n in CHECKS if n not in excluded]
+
+
+def layer_norm_backward_checks(exclude: Iterable[str] = ()) -> List[str]:
+    """Backward check names for ``pytest.mark.parametrize``, minus ``exclude``.
+
+    Parameters
+    ----------
+    exclude : iterable of str, optional
+        Checks to leave out.
+
+    Returns
+    -------
+    list of str
+
+    Raises
+    ------
+    ValueError
+        An unknown name in ``exclude``.
+    """
+    excluded = set(exclude)
+    unknown = excluded - set(BACKWARD_CHECKS)
+    if unknown:
+        raise ValueError(f"exclude: unknown checks {sorted(unknown)}; expected names from "
+                         f"{BACKWARD_CHECKS}")
+    return [n for n in BACKWARD_CHECKS if n not in excluded]

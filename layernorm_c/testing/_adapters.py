@@ -12,10 +12,14 @@ import copy
 import importlib
 import sys
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Dict, Final, List, Literal, Optional, Sequence, Tuple, Union
+from typing import (TYPE_CHECKING, Any, Callable, Dict, Final, List, Literal, Optional, Sequence,
+                    Tuple, Union, overload)
 
 import numpy as np
 import numpy.typing as npt
+
+if TYPE_CHECKING:
+    from ._backward_adapters import BackwardImplementation, BackwardLike
 
 __all__ = ["Implementation", "adapt", "from_torch", "from_jax", "DEFAULT_SIGNATURE",
            "FRAMEWORKS", "Framework", "LayerNormLike", "OutputError"]
@@ -158,10 +162,26 @@ def _is_torch_layer_norm(torch: Any, fn: Any) -> bool:
     return fn is torch.nn.functional.layer_norm or fn is torch.layer_norm
 
 
+@overload
 def adapt(fn: LayerNormLike, signature: Optional[str] = None, framework: Framework = "auto", *,
           name: Optional[str] = None, d: Optional[int] = None,
-          leading_shape: Optional[Sequence[int]] = None) -> Implementation:
-    """Wrap a LayerNorm callable for the checks.
+          leading_shape: Optional[Sequence[int]] = None,
+          backward: Literal[False] = False) -> Implementation: ...
+
+
+@overload
+def adapt(fn: BackwardLike, signature: Optional[str] = None, framework: Framework = "auto", *,
+          name: Optional[str] = None, d: Optional[int] = None,
+          leading_shape: Optional[Sequence[int]] = None,
+          backward: Literal[True]) -> BackwardImplementation: ...
+
+
+def adapt(fn: Any, signature: Optional[str] = None, framework: Framework = "auto", *,
+          name: Optional[str] = None, d: Optional[int] = None,
+          leading_shape: Optional[Sequence[int]] = None,
+          backward: bool = False) -> Union[Implementation, BackwardImplementation]:
+    """Wrap a LayerNorm callable for the checks (``backward=True``: for the
+    backward checks).
 
     Parameters
     ----------
@@ -188,10 +208,25 @@ def adapt(fn: LayerNormLike, signature: Optional[str] = None, framework: Framewo
         The only feature size ``fn`` supports.
     leading_shape : tuple of int, optional
         The only leading shape ``x.shape[:-1]`` ``fn`` supports.
+    backward : bool, optional
+        Adapt a LayerNorm *backward* for
+        :class:`~layernorm_c.testing.LayerNormBackwardAudit`. ``fn`` is then
+        either a backward function, by default called as
+        ``fn(dy, x, weight, bias, eps)`` and returning
+        ``(dx, dweight, dbias)`` (the signature
+        ``"dy, x, weight, bias, eps -> dx, dweight, dbias"``; e.g.
+        ``"dy, x, weight, eps -> dx, dweight"``), or a *forward* that the
+        framework differentiates: a ``torch.nn.Module`` or ``F.layer_norm``
+        (torch autograd), or any torch or JAX function whose signature has
+        no ``dy`` (``"x, weight, bias, eps"``: torch autograd, ``jax.vjp``).
+        ``layernorm_c.layer_norm_backward``,
+        ``layernorm_c.reference_layer_norm_backward`` and a
+        ``layernorm_c.LayerNorm`` layer are recognized. Default False.
 
     Returns
     -------
-    Implementation
+    Implementation or BackwardImplementation
+        The latter with ``backward=True``.
 
     Raises
     ------
@@ -200,6 +235,11 @@ def adapt(fn: LayerNormLike, signature: Optional[str] = None, framework: Framewo
     ImportError
         ``framework='torch'`` or ``'jax'`` without that package installed.
     """
+    if backward:
+        from ._backward_adapters import adapt_backward
+
+        return adapt_backward(fn, signature, framework, name=name, d=d,
+                              leading_shape=leading_shape)
     if isinstance(fn, Implementation):
         return fn.restricted(d, leading_shape)
     if not callable(fn):
@@ -296,11 +336,33 @@ def _adapt_torch_module(torch: Any, module: Any) -> Implementation:
                           None if eps is None else float(eps), d)
 
 
+@overload
 def from_torch(fn: Callable[..., Any], signature: Optional[str] = None, *,
                name: Optional[str] = None, d: Optional[int] = None,
-               leading_shape: Optional[Sequence[int]] = None) -> Implementation:
+               leading_shape: Optional[Sequence[int]] = None,
+               backward: Literal[False] = False) -> Implementation: ...
+
+
+@overload
+def from_torch(fn: Callable[..., Any], signature: Optional[str] = None, *,
+               name: Optional[str] = None, d: Optional[int] = None,
+               leading_shape: Optional[Sequence[int]] = None,
+               backward: Literal[True]) -> BackwardImplementation: ...
+
+
+def from_torch(fn: Callable[..., Any], signature: Optional[str] = None, *,
+               name: Optional[str] = None, d: Optional[int] = None,
+               leading_shape: Optional[Sequence[int]] = None,
+               backward: bool = False) -> Union[Implementation, BackwardImplementation]:
     """Adapt a PyTorch LayerNorm: an ``nn.Module``, ``F.layer_norm``, or a
     function of tensors.
+
+    With ``backward=True``, for the backward checks: a module,
+    ``F.layer_norm`` or a function whose signature has no ``dy`` (such as
+    ``"x, weight, bias, eps"``) is differentiated by autograd
+    (``torch.autograd.grad`` of its output against ``dy``, with respect to
+    ``x``, the module's ``weight`` and ``bias``); a function whose
+    signature has ``dy`` is a backward of tensors, called as it says.
 
     A module is audited through a private copy: its ``weight`` and ``bias``
     are overwritten with the checks' parameters, its ``eps`` is used and
@@ -313,20 +375,44 @@ def from_torch(fn: Callable[..., Any], signature: Optional[str] = None, *,
         The implementation.
     signature : str, optional
         For a plain function: see :func:`adapt`.
-    name, d, leading_shape : optional
+    name, d, leading_shape, backward : optional
         See :func:`adapt`.
 
     Returns
     -------
-    Implementation
+    Implementation or BackwardImplementation
     """
+    if backward:
+        return adapt(fn, signature, "torch", name=name, d=d, leading_shape=leading_shape,
+                     backward=True)
     return adapt(fn, signature, "torch", name=name, d=d, leading_shape=leading_shape)
+
+
+@overload
+def from_jax(fn: Callable[..., Any], signature: Optional[str] = None, *,
+             name: Optional[str] = None, d: Optional[int] = None,
+             leading_shape: Optional[Sequence[int]] = None,
+             backward: Literal[False] = False) -> Implementation: ...
+
+
+@overload
+def from_jax(fn: Callable[..., Any], signature: Optional[str] = None, *,
+             name: Optional[str] = None, d: Optional[int] = None,
+             leading_shape: Optional[Sequence[int]] = None,
+             backward: Literal[True]) -> BackwardImplementation: ...
 
 
 def from_jax(fn: Callable[..., Any], signature: Optional[str] = None, *,
              name: Optional[str] = None, d: Optional[int] = None,
-             leading_shape: Optional[Sequence[int]] = None) -> Implementation:
+             leading_shape: Optional[Sequence[int]] = None,
+             backward: bool = False) -> Union[Implementation, BackwardImplementation]:
     """Adapt a JAX LayerNorm: inputs are passed as ``jax.numpy`` arrays.
+
+    With ``backward=True``, for the backward checks: a function whose
+    signature has no ``dy`` (``"x, weight, bias, eps"``) is a forward,
+    differentiated by ``jax.vjp`` against ``dy`` with respect to ``x``,
+    ``weight`` and ``bias``; one whose signature has ``dy`` is a backward,
+    called as it says.
 
     JAX computes in float32 unless ``jax_enable_x64`` is set; a float64
     audit of a JAX function without it reports the narrower output.
@@ -337,11 +423,14 @@ def from_jax(fn: Callable[..., Any], signature: Optional[str] = None, *,
         The implementation (jitted or not).
     signature : str, optional
         See :func:`adapt`.
-    name, d, leading_shape : optional
+    name, d, leading_shape, backward : optional
         See :func:`adapt`.
 
     Returns
     -------
-    Implementation
+    Implementation or BackwardImplementation
     """
+    if backward:
+        return adapt(fn, signature, "jax", name=name, d=d, leading_shape=leading_shape,
+                     backward=True)
     return adapt(fn, signature, "jax", name=name, d=d, leading_shape=leading_shape)

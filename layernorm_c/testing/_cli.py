@@ -1,8 +1,9 @@
-"""Command line: ``python -m layernorm_c audit module:function [options]``.
+"""Command line: ``python -m layernorm_c audit [--backward] module:function [options]``.
 
-Runs the validation battery on an importable LayerNorm and prints the
-report; the exit code is 0 when every check passed (warnings allowed), 1 when
-one failed, 2 for a usage error (bad option, target not found).
+Runs the validation battery on an importable LayerNorm (with ``--backward``,
+the backward battery on a LayerNorm backward) and prints the report; the
+exit code is 0 when every check passed (warnings allowed), 1 when one
+failed, 2 for a usage error (bad option, target not found).
 """
 from __future__ import annotations
 
@@ -13,9 +14,10 @@ import os
 import sys
 from pathlib import Path
 from types import ModuleType
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple, Union
 
 from ._adapters import DEFAULT_SIGNATURE, FRAMEWORKS
+from ._backward_adapters import DEFAULT_BACKWARD_SIGNATURE
 
 __all__ = ["main", "build_parser", "load_target"]
 
@@ -24,23 +26,33 @@ PROG = "python -m layernorm_c audit"
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``audit`` command."""
-    from . import describe_checks
+    from . import describe_backward_checks, describe_checks
 
     parser = argparse.ArgumentParser(
         prog=PROG,
         description="Validate a LayerNorm implementation: run every check of "
-                    "layernorm_c.testing and print what is wrong, if anything.",
-        epilog="checks:\n" + describe_checks(),
+                    "layernorm_c.testing and print what is wrong, if anything. With "
+                    "--backward, validate a LayerNorm backward pass instead.",
+        epilog="checks:\n" + describe_checks()
+               + "\n\nbackward checks (--backward):\n" + describe_backward_checks(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("target", nargs="?",
                         help="the implementation, as package.module:function (or "
                              "path/to/file.py:function); attributes may be dotted, e.g. "
                              "mymodel:net.norm for a torch module")
+    parser.add_argument("--backward", action="store_true",
+                        help="audit a backward: by default fn(dy, x, weight, bias, eps) -> "
+                             "(dx, dweight, dbias); a torch module or F.layer_norm is "
+                             "differentiated by autograd, and so is a torch or JAX forward "
+                             "given a --signature without dy")
     parser.add_argument("--signature", default=None,
                         help=f"how the function takes its arguments (default "
                              f"'{DEFAULT_SIGNATURE}'), e.g. 'x', 'x, eps', 'x, weight, eps', "
-                             "'x, *, weight, bias, eps'")
+                             "'x, *, weight, bias, eps'; with --backward (default "
+                             f"'{DEFAULT_BACKWARD_SIGNATURE}'), e.g. "
+                             "'dy, x, weight, eps -> dx, dweight', or a forward such as "
+                             "'x, weight, bias, eps' for --framework torch or jax")
     parser.add_argument("--framework", choices=FRAMEWORKS, default="auto",
                         help="what the function takes and returns (default: auto)")
     parser.add_argument("--dtype", choices=("float32", "float64", "float16"),
@@ -58,7 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--atol", type=float, default=None, help="override the tolerance")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     parser.add_argument("--strict-batch-invariance", action="store_true",
-                        help="fail, not warn, when a record's bits depend on its batch")
+                        help="fail, not warn, when a record's bits depend on its batch (with "
+                             "--backward: also the parameter gradients' bits on the record "
+                             "order, layout or thread count)")
     parser.add_argument("--list-checks", action="store_true",
                         help="list the checks and exit")
     return parser
@@ -75,14 +89,23 @@ def _shape(text: str) -> Tuple[int, ...]:
 
 
 def _names(text: str) -> List[str]:
+    # Checked against the forward's or the backward's checks once --backward
+    # is known (see _unknown_checks).
+    return [n.strip() for n in text.split(",") if n.strip()]
+
+
+def _unknown_checks(names: Optional[Sequence[str]], backward: bool) -> Optional[str]:
+    """The usage error for check names not in the battery, or None."""
+    from ._backward_checks import BACKWARD_CHECKS
     from ._checks import CHECKS
 
-    names = [n.strip() for n in text.split(",") if n.strip()]
-    unknown = [n for n in names if n not in CHECKS]
-    if unknown:
-        raise argparse.ArgumentTypeError(f"unknown checks {unknown}; expected names from "
-                                         f"{', '.join(CHECKS)}")
-    return names
+    known = BACKWARD_CHECKS if backward else CHECKS
+    unknown = [n for n in names or () if n not in known]
+    if not unknown:
+        return None
+    which = "backward checks" if backward else "checks"
+    return (f"argument --checks: unknown {which} {unknown}; expected names from "
+            f"{', '.join(known)}")
 
 
 def load_target(spec: str) -> Any:
@@ -147,7 +170,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     int
         0 when no check failed, 1 when one did, 2 for a usage error.
     """
-    from . import LayerNormAudit, describe_checks
+    from . import LayerNormAudit, LayerNormBackwardAudit, describe_backward_checks, describe_checks
 
     parser = build_parser()
     try:
@@ -155,20 +178,27 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except SystemExit as exc:  # --help, or a usage error already printed
         return exc.code if isinstance(exc.code, int) else 2
     if args.list_checks:
-        print(describe_checks())
+        print(describe_backward_checks() if args.backward else describe_checks())
         return 0
+    unknown = _unknown_checks(args.checks, args.backward)
+    if unknown is not None:
+        parser.print_usage(sys.stderr)
+        print(f"{PROG}: error: {unknown}", file=sys.stderr)
+        return 2
     if args.target is None:
         parser.print_usage(sys.stderr)
         print(f"{PROG}: error: a target package.module:function is required", file=sys.stderr)
         return 2
+    audit: Union[LayerNormAudit, LayerNormBackwardAudit]
     try:
         fn = load_target(args.target)
-        audit = LayerNormAudit(fn, signature=args.signature, framework=args.framework,
-                               dtype=args.dtype, eps=args.eps, d=args.d,
-                               leading_shape=args.leading_shape, rtol=args.rtol,
-                               atol=args.atol, seed=args.seed,
-                               strict_batch_invariance=args.strict_batch_invariance,
-                               name=args.target)
+        kind = LayerNormBackwardAudit if args.backward else LayerNormAudit
+        audit = kind(fn, signature=args.signature, framework=args.framework,
+                     dtype=args.dtype, eps=args.eps, d=args.d,
+                     leading_shape=args.leading_shape, rtol=args.rtol,
+                     atol=args.atol, seed=args.seed,
+                     strict_batch_invariance=args.strict_batch_invariance,
+                     name=args.target)
     except (ValueError, TypeError, ImportError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import warnings
 import zlib
-from typing import Any, Optional, Tuple
+from typing import Any, Generic, Optional, Protocol, Tuple, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -19,7 +19,7 @@ from .._reference import reference_layer_norm
 from ._adapters import Implementation, OutputError
 from ._numerics import Tolerance
 
-__all__ = ["Probe", "ImplementationError", "Param", "Params"]
+__all__ = ["Probe", "ProbeBase", "ImplementationError", "Param", "Params", "Declared"]
 
 #: A gain or bias as passed to the implementation: None when not taken.
 Param = Optional[npt.NDArray[Any]]
@@ -48,19 +48,39 @@ def _describe(a: Param) -> str:
     return "None" if a is None else f"{a.dtype} {a.shape}"
 
 
-class Probe:
-    """Calls one implementation the way the checks need.
+class Declared(Protocol):
+    """What an adapted implementation (forward or backward) declares about
+    itself, which every probe reads."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def takes_weight(self) -> bool: ...
+    @property
+    def takes_bias(self) -> bool: ...
+    @property
+    def takes_eps(self) -> bool: ...
+    @property
+    def d(self) -> Optional[int]: ...
+    @property
+    def leading_shape(self) -> Optional[Tuple[int, ...]]: ...
+
+
+I = TypeVar("I", bound=Declared)
+
+
+class ProbeBase(Generic[I]):
+    """What the forward's and the backward's probes share: random streams,
+    the shapes to use, and the inputs cast to the audit dtype.
 
     Parameters
     ----------
-    impl : Implementation
+    impl : Implementation or BackwardImplementation
     dtype : numpy dtype
         The audit dtype: every input is cast to it.
     eps : float
         The eps passed (or, for an implementation that takes none, the eps
         it uses).
-    tol : Tolerance
-        Allowed error for outputs of the audit dtype.
     seed : int
         Seed of the random inputs (each check draws its own stream).
     strict_batch_invariance : bool
@@ -68,12 +88,11 @@ class Probe:
         (default: a warning).
     """
 
-    def __init__(self, impl: Implementation, dtype: npt.DTypeLike, eps: float, tol: Tolerance,
-                 seed: int = 0, strict_batch_invariance: bool = False):
+    def __init__(self, impl: I, dtype: npt.DTypeLike, eps: float, seed: int = 0,
+                 strict_batch_invariance: bool = False):
         self.impl = impl
         self.dtype: np.dtype[Any] = np.dtype(dtype)
         self.eps = float(eps)
-        self.tol = tol
         self.seed = seed
         self.strict_batch_invariance = strict_batch_invariance
 
@@ -119,6 +138,38 @@ class Probe:
     def identity_params(self, d: int, dtype: Optional[npt.DTypeLike] = None) -> Params:
         """Gain 1 and bias 0, for the arguments the implementation takes."""
         return self.params(np.ones(d), np.zeros(d), dtype)
+
+    def _shape_hint(self) -> str:
+        if self.impl.d is None and self.impl.leading_shape is None:
+            return (". If it only supports one feature size or leading shape, "
+                    "declare it (d=..., leading_shape=...)")
+        return ""
+
+
+class Probe(ProbeBase[Implementation]):
+    """Calls one implementation the way the checks need.
+
+    Parameters
+    ----------
+    impl : Implementation
+    dtype : numpy dtype
+        The audit dtype: every input is cast to it.
+    eps : float
+        The eps passed (or, for an implementation that takes none, the eps
+        it uses).
+    tol : Tolerance
+        Allowed error for outputs of the audit dtype.
+    seed : int
+        Seed of the random inputs (each check draws its own stream).
+    strict_batch_invariance : bool
+        Whether a result that changes bits with the batch around it fails
+        (default: a warning).
+    """
+
+    def __init__(self, impl: Implementation, dtype: npt.DTypeLike, eps: float, tol: Tolerance,
+                 seed: int = 0, strict_batch_invariance: bool = False):
+        super().__init__(impl, dtype, eps, seed, strict_batch_invariance)
+        self.tol = tol
 
     # -- calls ------------------------------------------------------------
     def call_raw(self, x: npt.NDArray[Any], weight: Param = None, bias: Param = None,
@@ -171,12 +222,6 @@ class Probe:
                 f"{self.impl.name} returned dtype {y.dtype}; expected real numbers",
                 f"returned {y.dtype}")
         return y
-
-    def _shape_hint(self) -> str:
-        if self.impl.d is None and self.impl.leading_shape is None:
-            return (". If it only supports one feature size or leading shape, "
-                    "declare it (d=..., leading_shape=...)")
-        return ""
 
     def call(self, x: npt.NDArray[Any], weight: Param = None, bias: Param = None,
              eps: Optional[float] = None) -> npt.NDArray[np.float64]:

@@ -7,13 +7,14 @@ import html
 import textwrap
 from dataclasses import dataclass, field
 from typing import (TYPE_CHECKING, Any, Dict, Final, Iterator, List, Literal, Optional, Sequence,
-                    Tuple)
+                    Tuple, Union)
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes  # type: ignore[import-not-found, unused-ignore]
     from matplotlib.figure import Figure  # type: ignore[import-not-found, unused-ignore]
 
     from ._audit import LayerNormAudit
+    from ._backward_audit import LayerNormBackwardAudit
 
 __all__ = ["CheckResult", "AuditReport", "Status", "PASS", "FAIL", "WARN", "SKIP"]
 
@@ -77,7 +78,7 @@ class AuditReport:
     title : str
         What was audited and how (implementation, dtype, eps, d).
     results : list of CheckResult
-    audit : LayerNormAudit or None
+    audit : LayerNormAudit, LayerNormBackwardAudit or None
         The audit that made the report (the implementation and the options),
         which :meth:`plot` measures again; None for a report built by hand,
         and for an unpickled one (a report pickles without it, as an
@@ -85,7 +86,7 @@ class AuditReport:
     """
 
     def __init__(self, title: str, results: Sequence[CheckResult],
-                 audit: Optional[LayerNormAudit] = None) -> None:
+                 audit: Optional[Union[LayerNormAudit, LayerNormBackwardAudit]] = None) -> None:
         self.title = title
         self.results: List[CheckResult] = list(results)
         self.audit = audit
@@ -181,13 +182,19 @@ class AuditReport:
             matplotlib is not installed.
         ValueError
             The report was not made by :meth:`LayerNormAudit.run` (or was
-            unpickled), so there is no implementation to measure; or
-            ``axes`` is not a pair.
+            unpickled), so there is no implementation to measure; it is a
+            backward audit's; or ``axes`` is not a pair.
         """
         if self.audit is None:
             raise ValueError("plot: this report has no implementation to measure; plot a "
                              "report from LayerNormAudit(...).run() or check_layer_norm()")
+        from ._audit import LayerNormAudit
         from ._plot import plot_report
+
+        if not isinstance(self.audit, LayerNormAudit):
+            raise ValueError("plot: only a forward audit's report can be plotted (the plot "
+                             "measures the forward's error against an offset and d); this is a "
+                             "backward audit's")
 
         return plot_report(self.audit, self.title, axes)
 

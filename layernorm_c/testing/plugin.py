@@ -22,6 +22,12 @@ Two fixtures:
 (``signature``, ``framework``, ``dtype``, ``eps``, ``d``, ``leading_shape``,
 ...).
 
+For a backward pass, the same two as ``layer_norm_backward_audit`` and
+``layer_norm_backward_check`` (one item per
+:data:`~layernorm_c.testing.BACKWARD_CHECKS`, narrowed by
+``@pytest.mark.layer_norm_backward_checks(*names, exclude=())``), with the
+options of :class:`~layernorm_c.testing.LayerNormBackwardAudit`.
+
 The hooks and fixtures are defined in the top-level module
 ``pytest_layernorm_c``, which is what the entry point loads: it imports
 neither NumPy nor layernorm_c until a fixture is used, so the plugin costs
@@ -31,13 +37,18 @@ this module, inside the package, imports both).
 # pytest_layernorm_c is a top-level module, which a py.typed marker cannot
 # cover (PEP 561); it is annotated and checked with the package's tests.
 from pytest_layernorm_c import (  # type: ignore[import-untyped, unused-ignore]
+    BACKWARD_FIXTURE,
+    BACKWARD_MARKER,
     FIXTURE,
     MARKER,
     layer_norm_audit,
+    layer_norm_backward_audit,
+    layer_norm_backward_check,
     layer_norm_check,
     pytest_configure,
     pytest_generate_tests,
 )
 
-__all__ = ["FIXTURE", "MARKER", "layer_norm_audit", "layer_norm_check", "pytest_configure",
-           "pytest_generate_tests"]
+__all__ = ["FIXTURE", "MARKER", "BACKWARD_FIXTURE", "BACKWARD_MARKER", "layer_norm_audit",
+           "layer_norm_check", "layer_norm_backward_audit", "layer_norm_backward_check",
+           "pytest_configure", "pytest_generate_tests"]
