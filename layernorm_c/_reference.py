@@ -82,11 +82,28 @@ def reference_layer_norm(
     param_shape = [1] * x.ndim
     for a in axes:
         param_shape[a] = x.shape[a]
-    if weight is not None:
-        y = y * np.asarray(weight, dtype=np.float64).reshape(param_shape)
-    if bias is not None:
-        y = y + np.asarray(bias, dtype=np.float64).reshape(param_shape)
-    return ReferenceResult(y, np.squeeze(mean, axes), np.squeeze(var, axes))
+    w = None if weight is None else np.asarray(weight, dtype=np.float64).reshape(param_shape)
+    b = None if bias is None else np.asarray(bias, dtype=np.float64).reshape(param_shape)
+    return ReferenceResult(_affine(y, w, b), np.squeeze(mean, axes), np.squeeze(var, axes))
+
+
+def _affine(y: NDArray[np.float64], w: Optional[NDArray[np.float64]],
+            b: Optional[NDArray[np.float64]]) -> NDArray[np.float64]:
+    """``y * w + b``. Where the product overflows but the sum would not
+    (gain and bias near the float64 maximum, of opposite signs), it is
+    recomputed a quarter of the size: ``4 * (y * (w / 4) + b / 4)``, whose
+    terms cannot overflow when the result does not."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        out = y if w is None else y * w
+        if b is None:
+            return out
+        out = out + b
+        if w is not None:
+            lost = ~np.isfinite(out) & np.isfinite(y) & np.isfinite(w) & np.isfinite(b)
+            if lost.any():
+                quarter = 4.0 * (y * (w / 4.0) + b / 4.0)
+                out = np.where(lost, quarter, out)
+    return out
 
 
 class ReferenceRMSResult(NamedTuple):

@@ -257,3 +257,19 @@ def test_constant_record_with_eps_zero_is_the_canonical_nan(dtype, value):
             y = lnc.layer_norm(x, np.full(40, 2.0, dtype), np.ones(40, dtype), eps=0.0)
         bits = y.view(f"u{np.dtype(dtype).itemsize}")
         assert np.all(bits == canonical), (isa, hex(int(bits.ravel()[0])))
+
+
+def test_gain_times_xhat_overflowing_but_not_the_sum():
+    """gain and bias near the float64 maximum: xhat * gain overflows where
+    xhat * gain + bias does not. The kernels fuse the multiply-add and get
+    the finite value; the reference gets it too (regression: it computed
+    the product first and returned -inf, which the API fuzzer flagged)."""
+    x = np.array([1.0, 2.0, 3.0, 4.0])
+    w = np.full(4, 1.7e308)
+    for b in (w, -w):
+        ref = lnc.reference_layer_norm(x, w, b).y
+        y = lnc.layer_norm(x, w, b)
+        assert np.isfinite(ref).sum() == 2
+        np.testing.assert_array_equal(np.isfinite(y), np.isfinite(ref))
+        fin = np.isfinite(ref)
+        np.testing.assert_allclose(y[fin], ref[fin], rtol=1e-15)
