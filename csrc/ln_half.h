@@ -12,6 +12,7 @@
 #ifndef LN_HALF_H
 #define LN_HALF_H
 
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -97,6 +98,26 @@ static inline uint16_t ln_float_to_bf16(float f)
     if ((x & 0x7fffffffu) > 0x7f800000u)
         return (uint16_t)((x >> 16) | 0x0040u);
     return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
+
+/* bfloat16 rows of n values to float and back, as plain loops over
+ * integers that compilers vectorize for any target (a shift, and the
+ * rounding above with a select for NaN): the lane-form levels convert
+ * bfloat16 a row at a time with these. */
+static inline void ln_bf16_row_to_float(float *v, const uint16_t *p, size_t n)
+{
+    for (size_t j = 0; j < n; j++)
+        v[j] = ln_bf16_to_float(p[j]);
+}
+
+static inline void ln_float_row_to_bf16(uint16_t *p, const float *v, size_t n)
+{
+    for (size_t j = 0; j < n; j++) {
+        uint32_t x = ln_float_bits(v[j]);
+        uint32_t nearest = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
+        uint32_t quiet = (x >> 16) | 0x0040u;
+        p[j] = (uint16_t)((x & 0x7fffffffu) > 0x7f800000u ? quiet : nearest);
+    }
 }
 
 #endif /* LN_HALF_H */

@@ -117,26 +117,69 @@ LN_ALWAYS_INLINE void LN_FN(apply_short)(const LN_S *x, LN_S *y, size_t d, LN_T 
 #endif
 }
 
+/*
+ * The long sums go block by block (LN_BLOCK elements into float lanes,
+ * then flushed into the double totals). Within a block each lane is one
+ * chain of dependent additions, so one block at a time runs at the adder's
+ * latency, not its throughput: whole blocks are taken two at a time, each
+ * into its own lanes, and flushed in order (the same additions in the same
+ * order as one at a time, so the same bits).
+ */
+
+/* lane[j] += x - shift over the whole rows of [i, end). */
+LN_ALWAYS_INLINE void LN_FN(add_shifted)(LN_T lane[LN_LANES], const LN_S *x, size_t i,
+                                         size_t end, LN_T shift)
+{
+    for (; i + LN_LANES <= end; i += LN_LANES) {
+        LN_ROW_DECL(xr_, x + i);
+        for (size_t j = 0; j < LN_LANES; j++)
+            lane[j] += LN_ROW_GET(xr_, x + i, j) - shift;
+    }
+    for (size_t j = 0; i + j < end; j++)
+        lane[j] += LN_LOAD(x + i + j) - shift;
+}
+
 /* Sum of x[i] - shift. */
 static double LN_FN(sum_shifted)(const LN_S *x, size_t d, LN_T shift)
 {
     if (d <= LN_SHORT)
         return LN_FN(sum_shifted_short)(x, d, shift);
     double total[LN_LANES] = {0};
-    for (size_t i = 0; i < d;) {
+    size_t i = 0;
+    for (; i + 2 * LN_BLOCK <= d; i += 2 * LN_BLOCK) {
+        LN_T a[LN_LANES] = {0}, b[LN_LANES] = {0};
+        for (size_t k = 0; k < LN_BLOCK; k += LN_LANES) {
+            LN_ROW_DECL(ar_, x + i + k);
+            LN_ROW_DECL(br_, x + i + LN_BLOCK + k);
+            for (size_t j = 0; j < LN_LANES; j++) {
+                a[j] += LN_ROW_GET(ar_, x + i + k, j) - shift;
+                b[j] += LN_ROW_GET(br_, x + i + LN_BLOCK + k, j) - shift;
+            }
+        }
+        LN_FN(flush)(total, a);
+        LN_FN(flush)(total, b);
+    }
+    for (; i < d;) {
         size_t end = d - i > LN_BLOCK ? i + LN_BLOCK : d;
         LN_T lane[LN_LANES] = {0};
-        for (; i + LN_LANES <= end; i += LN_LANES) {
-            LN_ROW_DECL(xr_, x + i);
-            for (size_t j = 0; j < LN_LANES; j++)
-                lane[j] += LN_ROW_GET(xr_, x + i, j) - shift;
-        }
-        for (size_t j = 0; i + j < end; j++)
-            lane[j] += LN_LOAD(x + i + j) - shift;
+        LN_FN(add_shifted)(lane, x, i, end, shift);
         i = end;
         LN_FN(flush)(total, lane);
     }
     return ln_tree_sum(total);
+}
+
+/* lane[j] += ((x - hi) - lo)^2 over [i, end). */
+LN_ALWAYS_INLINE void LN_FN(add_squares)(LN_T lane[LN_LANES], const LN_S *x, size_t i,
+                                         size_t end, LN_T hi, LN_T lo)
+{
+    for (; i + LN_LANES <= end; i += LN_LANES) {
+        LN_ROW_DECL(xr_, x + i);
+        for (size_t j = 0; j < LN_LANES; j++)
+            lane[j] = LN_FN(add_square)(lane[j], LN_FN(center)(LN_ROW_GET(xr_, x + i, j), hi, lo));
+    }
+    for (size_t j = 0; i + j < end; j++)
+        lane[j] = LN_FN(add_square)(lane[j], LN_FN(center)(LN_LOAD(x + i + j), hi, lo));
 }
 
 /* Sum of squares of the centered values (x - hi) - lo. */
@@ -145,17 +188,25 @@ static double LN_FN(sum_squares)(const LN_S *x, size_t d, LN_T hi, LN_T lo)
     if (d <= LN_SHORT)
         return LN_FN(sum_squares_short)(x, d, hi, lo);
     double total[LN_LANES] = {0};
-    for (size_t i = 0; i < d;) {
+    size_t i = 0;
+    for (; i + 2 * LN_BLOCK <= d; i += 2 * LN_BLOCK) {
+        LN_T a[LN_LANES] = {0}, b[LN_LANES] = {0};
+        for (size_t k = 0; k < LN_BLOCK; k += LN_LANES) {
+            LN_ROW_DECL(ar_, x + i + k);
+            LN_ROW_DECL(br_, x + i + LN_BLOCK + k);
+            for (size_t j = 0; j < LN_LANES; j++) {
+                a[j] = LN_FN(add_square)(a[j], LN_FN(center)(LN_ROW_GET(ar_, x + i + k, j), hi, lo));
+                b[j] = LN_FN(add_square)(
+                    b[j], LN_FN(center)(LN_ROW_GET(br_, x + i + LN_BLOCK + k, j), hi, lo));
+            }
+        }
+        LN_FN(flush)(total, a);
+        LN_FN(flush)(total, b);
+    }
+    for (; i < d;) {
         size_t end = d - i > LN_BLOCK ? i + LN_BLOCK : d;
         LN_T lane[LN_LANES] = {0};
-        for (; i + LN_LANES <= end; i += LN_LANES) {
-            LN_ROW_DECL(xr_, x + i);
-            for (size_t j = 0; j < LN_LANES; j++)
-                lane[j] = LN_FN(add_square)(lane[j], LN_FN(center)(LN_ROW_GET(xr_, x + i, j), hi, lo));
-        }
-        for (size_t j = 0; i + j < end; j++)
-            lane[j] = LN_FN(add_square)(lane[j],
-                                        LN_FN(center)(LN_LOAD(x + i + j), hi, lo));
+        LN_FN(add_squares)(lane, x, i, end, hi, lo);
         i = end;
         LN_FN(flush)(total, lane);
     }
@@ -171,12 +222,30 @@ LN_ALWAYS_INLINE void LN_FN(apply_tail)(const LN_S *x, LN_S *y, size_t i0, size_
         LN_STORE(y + i, LN_FN(affine)(LN_FN(normalize)(LN_LOAD(x + i), hi, r, c), w, b, i));
 }
 
+#if defined(LN_STREAM_BYTES)
+/* A row of outputs written with non-temporal stores: converted into a
+ * small buffer of the storage type first (a register at a time where the
+ * level converts rows: element by element, float16 would cost more than
+ * the memory traffic saved). */
+LN_ALWAYS_INLINE void LN_FN(stream_row)(LN_S *dst, const LN_T v[LN_LANES])
+{
+    LN_S out[LN_LANES];
+#if defined(LN_STORE_ROW)
+    LN_STORE_ROW(out, v);
+#else
+    for (size_t j = 0; j < LN_LANES; j++)
+        LN_STORE(out + j, v[j]);
+#endif
+    LN_STREAM_BYTES((void *)dst, out, sizeof out);
+}
+#endif
+
 /* The output of element j of the row at i. */
 #define LN_OUT(j) \
     LN_FN(affine)(LN_FN(normalize)(LN_ROW_GET(xr_, x + i, j), hi, r, c), w, b, i + (j))
 
 /* Whole rows from i0, then the tail. The rows are stored plainly, by the
- * level's LN_STORE_ROW, or streamed (LN_STREAM_STORE). Instantiated once
+ * level's LN_STORE_ROW, or streamed (stream_row). Instantiated once
  * per gain/bias combination by apply, so that each vectorizes with no test
  * per element. */
 LN_ALWAYS_INLINE void LN_FN(apply_rows)(const LN_S *x, LN_S *y, size_t i0, size_t d,
@@ -186,13 +255,13 @@ LN_ALWAYS_INLINE void LN_FN(apply_rows)(const LN_S *x, LN_S *y, size_t i0, size_
     size_t i = i0;
     for (; i + LN_LANES <= d; i += LN_LANES) {
         LN_ROW_DECL(xr_, x + i);
-#if defined(LN_STREAM_STORE) || defined(LN_STORE_ROW)
+#if defined(LN_STREAM_BYTES) || defined(LN_STORE_ROW)
         LN_T v[LN_LANES];
         for (size_t j = 0; j < LN_LANES; j++)
             v[j] = LN_OUT(j);
-#if defined(LN_STREAM_STORE)
+#if defined(LN_STREAM_BYTES)
         if (stream) {
-            LN_STREAM_STORE(y + i, v);
+            LN_FN(stream_row)(y + i, v);
             continue;
         }
 #endif
@@ -253,7 +322,7 @@ static void LN_FN(apply)(const LN_S *x, LN_S *y, size_t d, LN_T hi, LN_T r, LN_T
         return;
     }
     size_t head = 0;
-#if defined(LN_STREAM_STORE)
+#if defined(LN_STREAM_BYTES)
     /* Streamed rows start at the first 64-byte aligned output. */
     if (stream) {
         head = ((64 - (uintptr_t)y % 64) % 64) / sizeof(LN_S);

@@ -15,22 +15,14 @@
  *   LN_LOAD_PART_F16(v, p, n, w), LN_STORE_PART_F16(p, v, n, w)  the first
  *                   n of them (w >= n lanes filled, zeros beyond n); and
  *                   the same for float32 and float64 rows (_F32, _F64)
+ *
+ * bfloat16 rows are converted a row at a time with ln_half.h's plain
+ * loops, which the compiler vectorizes (the scalar level's reference
+ * primitives read element by element and ignore row hooks).
  */
 #include "ln_tmpl.h"
 
 /* ---- instances: (storage, compute) pairs ---------------------------- */
-
-#if defined(LN_STREAM_BYTES)
-/* Streamed stores of a block of LN_LANES outputs: computed into a small
- * buffer of the storage type, then written out non-temporally. */
-#define LN_STREAM_STORE(dst, v)                                                   \
-    do {                                                                          \
-        LN_S out_[LN_LANES];                                                      \
-        for (size_t j_ = 0; j_ < LN_LANES; j_++)                                  \
-            LN_STORE(out_ + j_, (v)[j_]);                                         \
-        LN_STREAM_BYTES((void *)(dst), out_, sizeof out_);                        \
-    } while (0)
-#endif
 
 /* float16 rows: float compute, double fallback. */
 #define LN_S LN_HALF_T
@@ -77,7 +69,11 @@
 #define LN_FN(f) f##_bf16
 #define LN_LOAD(p) ln_bf16_to_float(*(p))
 #define LN_STORE(p, v) (*(p) = ln_float_to_bf16(v))
+#define LN_LOAD_ROW(v, p) ln_bf16_row_to_float((v), (p), LN_LANES)
+#define LN_STORE_ROW(p, v) ln_float_row_to_bf16((p), (v), LN_LANES)
 #include "ln_instance.h"
+#undef LN_LOAD_ROW
+#undef LN_STORE_ROW
 #define LN_CORE(f) f##_bf16
 #define LN_WIDE(f) f##_bf16_wide
 #define LN_OPS(f) f##_bf16
