@@ -67,6 +67,25 @@ static ln_dtype stats_dtype(ln_dtype t)
 
 /* ---- the gufuncs -------------------------------------------------------- */
 
+/* The op's public name, for the ufuncs' names and the error messages. */
+static const char *op_name(ln_op op)
+{
+    static const char *const names[LN_NOPS] = {
+        [LN_OP_LAYER_NORM] = "layer_norm",
+        [LN_OP_LAYER_NORM_BACKWARD] = "layer_norm_backward",
+        [LN_OP_RMS_NORM] = "rms_norm",
+        [LN_OP_RMS_NORM_BACKWARD] = "rms_norm_backward",
+    };
+    return names[op];
+}
+
+/* The error of scratch memory that could not be had. */
+static void set_no_scratch(ln_op op)
+{
+    PyErr_Format(PyExc_MemoryError, "%s: could not allocate the kernels' scratch rows",
+                 op_name(op));
+}
+
 /* One generalized ufunc: which operands it has, in NumPy's order
  * [dy], x, [weight], [bias], eps -> y, [mean, var] (or [ms]). */
 typedef struct {
@@ -216,8 +235,7 @@ static void gufunc_loop(char **args, npy_intp const *dims, npy_intp const *steps
         NPY_ALLOW_C_API_DEF
         NPY_ALLOW_C_API;
         if (!PyErr_Occurred())
-            PyErr_SetString(PyExc_MemoryError,
-                            "layer_norm: could not allocate the kernels' scratch rows");
+            set_no_scratch(ld->g->op);
         NPY_DISABLE_C_API;
     } else if (rc == LN_EBADEPS) {
         feraiseexcept(FE_INVALID);
@@ -260,12 +278,8 @@ static int add_gufuncs(PyObject *m)
         }
         PyObject *uf = PyUFunc_FromFuncAndDataAndSignature(
             loop_funcs[i], loop_data_ptrs[i], loop_types[i], LN_LOOP_DTYPES,
-            gufunc_nin(g), gufunc_nout(g), PyUFunc_None,
-            g->op == LN_OP_LAYER_NORM_BACKWARD ? "layer_norm_backward"
-            : g->op == LN_OP_RMS_NORM          ? "rms_norm"
-            : g->op == LN_OP_RMS_NORM_BACKWARD ? "rms_norm_backward"
-                                               : "layer_norm",
-            g->doc, 0, g->signature);
+            gufunc_nin(g), gufunc_nout(g), PyUFunc_None, op_name(g->op), g->doc, 0,
+            g->signature);
         if (uf == NULL)
             return -1;
         gufunc_objects[i] = uf; /* the module keeps the reference */
@@ -526,8 +540,7 @@ static PyObject *fast_norm(ln_op op, PyObject *const *args, int w_in_ctype)
     PyMem_Free(w_copy);
     PyMem_Free(b_copy);
     if (rc == LN_ENOMEM) {
-        PyErr_SetString(PyExc_MemoryError,
-                        "layer_norm: could not allocate the kernels' scratch rows");
+        set_no_scratch(op);
         goto fail;
     }
     if (!want_stats)
@@ -686,8 +699,7 @@ static PyObject *backward(PyObject *self, PyObject *const *args, Py_ssize_t narg
     Py_END_ALLOW_THREADS
     PyObject *res = NULL;
     if (rc == LN_ENOMEM) {
-        PyErr_SetString(PyExc_MemoryError,
-                        "layer_norm_backward: could not allocate the kernels' scratch rows");
+        set_no_scratch(job.op);
     } else if (have_acc) {
         PyObject *sw = acc_state(&dw, (size_t)d);
         PyObject *sb = rms ? (Py_INCREF(Py_None), Py_None) : acc_state(&db, (size_t)d);
@@ -853,7 +865,8 @@ static PyMethodDef core_methods[] = {
      "_fast_rms(x, weight, eps, out, return_stats): the common case of rms_norm, or "
      "NotImplemented."},
     {"_backward", (PyCFunction)(void (*)(void))backward, METH_FASTCALL,
-     "_backward(dy, x, weight, eps, mean, sums) -> (dx, dweight_state, dbias_state)."},
+     "_backward(dy, x, weight, eps, mean, sums[, rms]) -> (dx, dweight_state, dbias_state): "
+     "the LayerNorm backward, or RMSNorm's with rms true."},
     {"_acc_merge", (PyCFunction)(void (*)(void))acc_merge, METH_FASTCALL,
      "_acc_merge(a, b) -> the state of both exact sums together."},
     {"_acc_value", (PyCFunction)(void (*)(void))acc_value, METH_FASTCALL,

@@ -13,8 +13,9 @@
  *
  * A batch (ln_job) is a set of records with arbitrary byte strides, run by
  * ln_batch_run on one instruction-set level's kernels (ln_kernels), on up
- * to n threads. Adding an op means a record kernel per dtype in ln_ops.h,
- * one entry in the kernel table and one in ln_batch.c's op table (see
+ * to n threads. Adding an op means a record kernel in ln_ops.h (written
+ * once, instantiated per dtype), one entry in the kernel table, one in
+ * ln_batch.c's op table and a row of _coremodule.c's gufunc table (see
  * docs/adding-an-op.rst).
  */
 #ifndef LAYERNORM_H

@@ -62,16 +62,14 @@ typedef struct {
     int reads_dy;     /* rows of dy, like x */
     int writes_stats; /* mean and var out (when given) */
     int reads_mean;   /* mean in (when given) */
-    int accumulates;  /* sums over records (job->dw, job->db) */
     int needs_weight; /* a gain row always (ones when the job has none) */
 } ln_op_info;
 
 static const ln_op_info op_info[LN_NOPS] = {
     [LN_OP_LAYER_NORM] = {.writes_stats = 1},
-    [LN_OP_LAYER_NORM_BACKWARD] = {.reads_dy = 1, .reads_mean = 1, .accumulates = 1,
-                                   .needs_weight = 1},
+    [LN_OP_LAYER_NORM_BACKWARD] = {.reads_dy = 1, .reads_mean = 1, .needs_weight = 1},
     [LN_OP_RMS_NORM] = {.writes_stats = 1},
-    [LN_OP_RMS_NORM_BACKWARD] = {.reads_dy = 1, .accumulates = 1, .needs_weight = 1},
+    [LN_OP_RMS_NORM_BACKWARD] = {.reads_dy = 1, .needs_weight = 1},
 };
 
 /* ---- one worker ------------------------------------------------------- */
@@ -171,6 +169,11 @@ static int worker_begin(void *vctx, void **state)
         worker_free(wk);
         return LN_ENOMEM;
     }
+    /* The benchmark's baseline of plain float64 sums is the job's choice. */
+    if (wk->has_dw)
+        wk->dw.plain = job->dw->plain;
+    if (wk->has_db)
+        wk->db.plain = job->db->plain;
     if (job->w.ptr && job->w.row == 0)
         wk->w_fixed = ln_stage_in(c->k, &job->w, 0, job->d, c->ctype, wk->w);
     else if (!job->w.ptr && c->info->needs_weight)

@@ -22,7 +22,8 @@
  * 5. Centering. mean is split into hi = (T)mean and lo = (T)(mean - hi);
  *    the second pass sums squares of t = (x - hi) - lo.
  * 6. Fusing. Multiply-adds are fused (one rounding) in exactly three
- *    places, and nowhere else (everything is built with -ffp-contract=off):
+ *    places of the forward, and nowhere else (everything is built with
+ *    -ffp-contract=off; the backward's are item 10):
  *      the square:  acc = fma(t, t, acc)
  *      the output:  v = fma(x - hi, r, c), with r = (T)(1/sqrt(var + eps))
  *                   and c = -(lo * r)
@@ -40,6 +41,22 @@
  *    eps, or a constant record with eps = 0 (0/0) is written as the
  *    canonical quiet NaN (NaNs made by arithmetic differ in sign between
  *    x86 and aarch64).
+ * 10. The backward. One pass over (x, dy) around m0, the forward's mean
+ *    (given, or recomputed by items 1-4: the same bits), in the compute
+ *    type with t = x - m0 and g = dy * weight (rounded once; ones for no
+ *    gain): four sums in the order of items 1-3, of t, of t^2 and g*t
+ *    (fused: fma(t, t, acc), fma(g, t, acc)) and of g. In double:
+ *    md = sum t / d, mean = m0 + md, var = max(sum t^2 / d - md^2, 0) (md
+ *    is within rounding of 0: m0 is the mean), r = 1/sqrt(var + eps),
+ *    a = sum g / d, bm = r (sum g t - md sum g) / d. Then per element,
+ *    xhat = fma(x - hi, r, c) as in item 6 and dx = fma(-xhat, bm, g - a) * r,
+ *    rounded once to the output type. The parameter gradients' terms
+ *    dy * xhat and dy are summed exactly (ln_accum.h) and rounded once, so
+ *    their order never matters. Fallbacks and NaN records as in items 8-9.
+ * 11. RMSNorm is the same with the mean fixed at 0 (hi = lo = 0): its
+ *    mean square is item 2-3's sum of fma(x, x, acc) over d, its output
+ *    v = fma(x - 0, r, -0) * scale, and its backward item 10 with m0 = 0,
+ *    md = 0, a = 0 and bm = r sum(g x) / d.
  */
 #ifndef LN_CONTRACT_H
 #define LN_CONTRACT_H

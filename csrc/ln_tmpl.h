@@ -135,7 +135,7 @@ typedef struct {
     double mean, var, rstd, a, bm, md;
 } ln_back_coef;
 
-/* The coefficients (ln_contract.h, item 10); 1 if the record is finite,
+/* The coefficients (ln_contract.h, items 10 and 11); 1 if the record is finite,
  * 0 if its x is not (or it is constant with eps = 0: 0/0), -1 if only its
  * dy (or dy * weight) is not. */
 static inline int ln_back_coef_of(const ln_back_sums *s, double m0, size_t d, double eps,

@@ -1,4 +1,4 @@
-"""A plain NumPy LayerNorm in float64, forward and backward: the oracles the
+"""Plain NumPy LayerNorm and RMSNorm in float64, forward and backward: the oracles the
 C core (and ``layernorm_c.testing``'s audits of other implementations) are
 tested against.
 
