@@ -70,51 +70,238 @@ LN_ALWAYS_INLINE double LN_FN(tree_short)(double t[LN_LANES], size_t w)
     return t[0];
 }
 
+/* The short sums from the record's row v, loaded and zero-padded to w
+ * lanes (w = LN_SHORT, or half of it for records that fit: lanes past d
+ * are +0.0 and add nothing to the tree, so w never changes a bit). */
+LN_ALWAYS_INLINE double LN_FN(sum_shifted_row)(const LN_T v[LN_LANES], size_t d, LN_T shift,
+                                               size_t w)
+{
+    LN_T u[LN_LANES];
+    double t[LN_LANES];
+    for (size_t j = 0; j < w; j++)
+        u[j] = j < d ? v[j] - shift : (LN_T)0;
+    for (size_t j = 0; j < w; j++)
+        t[j] = 0.0 + (double)((LN_T)0 + u[j]);
+    return LN_FN(tree_short)(t, w);
+}
+
+LN_ALWAYS_INLINE double LN_FN(sum_squares_row)(const LN_T v[LN_LANES], size_t d, LN_T hi,
+                                               LN_T lo, size_t w)
+{
+    LN_T u[LN_LANES];
+    double t[LN_LANES];
+    for (size_t j = 0; j < w; j++)
+        u[j] = j < d ? LN_FN(center)(v[j], hi, lo) : (LN_T)0;
+    for (size_t j = 0; j < w; j++)
+        t[j] = 0.0 + (double)LN_FN(add_square)((LN_T)0, u[j]);
+    return LN_FN(tree_short)(t, w);
+}
+
 static double LN_FN(sum_shifted_short)(const LN_S *x, size_t d, LN_T shift)
 {
     LN_T v[LN_LANES];
-    double t[LN_LANES];
     LN_FN(load_part)(v, x, d, LN_SHORT);
-    for (size_t j = 0; j < LN_SHORT; j++)
-        v[j] = j < d ? v[j] - shift : (LN_T)0;
-    for (size_t j = 0; j < LN_SHORT; j++)
-        t[j] = 0.0 + (double)((LN_T)0 + v[j]);
-    return LN_FN(tree_short)(t, LN_SHORT);
+    return LN_FN(sum_shifted_row)(v, d, shift, LN_SHORT);
 }
 
 static double LN_FN(sum_squares_short)(const LN_S *x, size_t d, LN_T hi, LN_T lo)
 {
     LN_T v[LN_LANES];
-    double t[LN_LANES];
     LN_FN(load_part)(v, x, d, LN_SHORT);
-    for (size_t j = 0; j < LN_SHORT; j++)
-        v[j] = j < d ? LN_FN(center)(v[j], hi, lo) : (LN_T)0;
-    for (size_t j = 0; j < LN_SHORT; j++)
-        t[j] = 0.0 + (double)LN_FN(add_square)((LN_T)0, v[j]);
-    return LN_FN(tree_short)(t, LN_SHORT);
+    return LN_FN(sum_squares_row)(v, d, hi, lo, LN_SHORT);
 }
 
-/* The outputs of a short record: masked stores of the first d. */
+/* The outputs of a short record from its row v (w lanes): masked stores
+ * of the first d. */
+LN_ALWAYS_INLINE void LN_FN(apply_row)(const LN_T v[LN_LANES], LN_S *y, size_t d, LN_T hi,
+                                       LN_T r, LN_T c, const LN_P *restrict w,
+                                       const LN_P *restrict b, size_t width)
+{
+#if defined(LN_STORE_PART)
+    /* Gain and bias are read only below d: padded copies. */
+    LN_T o[LN_LANES], wp[LN_LANES], bp[LN_LANES];
+    for (size_t j = 0; j < width; j++) {
+        wp[j] = w && j < d ? (LN_T)w[j] : (LN_T)1;
+        bp[j] = b && j < d ? (LN_T)b[j] : (LN_T)0;
+    }
+    for (size_t j = 0; j < width; j++)
+        o[j] = LN_FN(affine)(LN_FN(normalize)(v[j], hi, r, c), w ? wp : NULL, b ? bp : NULL, j);
+    LN_STORE_PART(y, o, d, width);
+#else
+    (void)width;
+    for (size_t j = 0; j < d; j++)
+        LN_STORE(y + j, LN_FN(affine)(LN_FN(normalize)(v[j], hi, r, c), w, b, j));
+#endif
+}
+
 LN_ALWAYS_INLINE void LN_FN(apply_short)(const LN_S *x, LN_S *y, size_t d, LN_T hi,
                                          LN_T r, LN_T c, const LN_P *restrict w,
                                          const LN_P *restrict b)
 {
     LN_T v[LN_LANES];
     LN_FN(load_part)(v, x, d, LN_SHORT);
-#if defined(LN_STORE_PART)
-    /* Gain and bias are read only below d: padded copies. */
-    LN_T wp[LN_LANES], bp[LN_LANES];
-    for (size_t j = 0; j < LN_SHORT; j++) {
-        wp[j] = w && j < d ? (LN_T)w[j] : (LN_T)1;
-        bp[j] = b && j < d ? (LN_T)b[j] : (LN_T)0;
+    LN_FN(apply_row)(v, y, d, hi, r, c, w, b, LN_SHORT);
+}
+
+/*
+ * Short records a group at a time, transposed: element j of the group's
+ * record k is held at v[j][k], so that every step of the contract (the
+ * subtraction of the shift, the conversion to double, each level of the
+ * tree, the divisions and square roots, the outputs) is one vector
+ * operation across LN_SHORT_GROUP records. The rows are moved in and out
+ * of that layout element by element. Same operations in the same order as
+ * the one-record short path (the tree over w lanes, w a power of two >= d:
+ * lanes past d hold +0.0 and change nothing), so the same bits.
+ */
+#define LN_HAS_SHORT_ROWS 1
+#define LN_SHORT_GROUP 16
+
+/* Is a record of d features short? */
+LN_ALWAYS_INLINE int LN_FN(is_short)(size_t d) { return d <= LN_SHORT; }
+
+typedef struct {
+    LN_T v[LN_LANES][LN_SHORT_GROUP];
+    double mean[LN_SHORT_GROUP], var[LN_SHORT_GROUP], rstd[LN_SHORT_GROUP];
+    LN_T hi[LN_SHORT_GROUP], lo[LN_SHORT_GROUP];
+} LN_FN(short_group);
+
+/* The tree over the first w lanes of t, across the group. */
+LN_ALWAYS_INLINE void LN_FN(group_tree)(double t[LN_LANES][LN_SHORT_GROUP], size_t w)
+{
+    LN_UNROLL
+    for (size_t h = w / 2; h >= 1; h /= 2)
+        LN_UNROLL
+        for (size_t j = 0; j < h; j++)
+            for (size_t k = 0; k < LN_SHORT_GROUP; k++)
+                t[j][k] += t[j + h][k];
+}
+
+LN_ALWAYS_INLINE void LN_FN(group_stats_w)(LN_FN(short_group) *g, const char *x,
+                                           ptrdiff_t x_row, size_t n, size_t d,
+                                           const double *eps, int rms, size_t w)
+{
+    /* The steps work on local arrays, copied into g at the end. */
+    LN_T v[LN_LANES][LN_SHORT_GROUP], rows[LN_SHORT_GROUP][LN_LANES];
+    LN_T hi[LN_SHORT_GROUP], lo[LN_SHORT_GROUP];
+    double t[LN_LANES][LN_SHORT_GROUP], mean[LN_SHORT_GROUP], dd = (double)d;
+    for (size_t k = 0; k < LN_SHORT_GROUP; k++) {
+        if (k < n)
+            LN_FN(load_part)(rows[k], (const LN_S *)(x + (ptrdiff_t)k * x_row), d, w);
+        else
+            for (size_t j = 0; j < w; j++)
+                rows[k][j] = 0;
     }
-    for (size_t j = 0; j < LN_SHORT; j++)
-        v[j] = LN_FN(affine)(LN_FN(normalize)(v[j], hi, r, c), w ? wp : NULL, b ? bp : NULL, j);
-    LN_STORE_PART(y, v, d, LN_SHORT);
-#else
+    for (size_t j = 0; j < w; j++)
+        for (size_t k = 0; k < LN_SHORT_GROUP; k++)
+            v[j][k] = rows[k][j];
+    if (rms) {
+        for (size_t k = 0; k < LN_SHORT_GROUP; k++) {
+            mean[k] = 0.0;
+            hi[k] = lo[k] = 0;
+        }
+    } else {
+        /* (T)0 + u is the block lane; (double) of it is the total lane
+         * 0.0 + that, exactly (it is never -0.0). */
+        for (size_t j = 0; j < d; j++)
+            for (size_t k = 0; k < LN_SHORT_GROUP; k++)
+                t[j][k] = (double)((LN_T)0 + (v[j][k] - v[0][k]));
+        for (size_t j = d; j < w; j++)
+            for (size_t k = 0; k < LN_SHORT_GROUP; k++)
+                t[j][k] = 0.0;
+        LN_FN(group_tree)(t, w);
+        for (size_t k = 0; k < LN_SHORT_GROUP; k++) {
+            mean[k] = (double)v[0][k] + t[0][k] / dd;
+            hi[k] = (LN_T)mean[k];
+            lo[k] = (LN_T)(mean[k] - (double)hi[k]);
+        }
+    }
     for (size_t j = 0; j < d; j++)
-        LN_STORE(y + j, LN_FN(affine)(LN_FN(normalize)(v[j], hi, r, c), w, b, j));
+        for (size_t k = 0; k < LN_SHORT_GROUP; k++)
+            t[j][k] = (double)LN_FN(add_square)((LN_T)0, LN_FN(center)(v[j][k], hi[k], lo[k]));
+    for (size_t j = d; j < w; j++)
+        for (size_t k = 0; k < LN_SHORT_GROUP; k++)
+            t[j][k] = 0.0;
+    LN_FN(group_tree)(t, w);
+    for (size_t k = 0; k < LN_SHORT_GROUP; k++) {
+        double e = k < n && ln_eps_is_valid(eps[k]) ? eps[k] : 0.0;
+        g->mean[k] = mean[k];
+        g->hi[k] = hi[k];
+        g->lo[k] = lo[k];
+        g->var[k] = t[0][k] / dd;
+        g->rstd[k] = 1.0 / sqrt(g->var[k] + e); /* ln_inverse_std for valid eps */
+    }
+    memcpy(g->v, v, sizeof v);
+}
+
+/* The statistics of the group's n records from x (rows x_row bytes apart).
+ * The common widths (d a power of two) get loops of constant length. */
+LN_ALWAYS_INLINE void LN_FN(group_stats)(LN_FN(short_group) *g, const char *x,
+                                         ptrdiff_t x_row, size_t n, size_t d,
+                                         const double *eps, int rms)
+{
+    if (d == LN_SHORT)
+        LN_FN(group_stats_w)(g, x, x_row, n, LN_SHORT, eps, rms, LN_SHORT);
+    else if (d == LN_SHORT / 2)
+        LN_FN(group_stats_w)(g, x, x_row, n, LN_SHORT / 2, eps, rms, LN_SHORT / 2);
+    else if (d == LN_SHORT / 4)
+        LN_FN(group_stats_w)(g, x, x_row, n, LN_SHORT / 4, eps, rms, LN_SHORT / 4);
+    else if (d < LN_SHORT / 4)
+        LN_FN(group_stats_w)(g, x, x_row, n, d, eps, rms, LN_SHORT / 4);
+    else if (d < LN_SHORT / 2)
+        LN_FN(group_stats_w)(g, x, x_row, n, d, eps, rms, LN_SHORT / 2);
+    else
+        LN_FN(group_stats_w)(g, x, x_row, n, d, eps, rms, LN_SHORT);
+}
+
+/* The outputs of the records k with keep[k] (the others are not
+ * written); wp and bp: the gain and bias, or NULL. */
+LN_ALWAYS_INLINE void LN_FN(group_output_d)(LN_FN(short_group) *g, char *y, ptrdiff_t y_row,
+                                            size_t n, size_t d, const LN_P *restrict wp,
+                                            const LN_P *restrict bp, const int *keep,
+                                            size_t w)
+{
+    LN_T r[LN_SHORT_GROUP], c[LN_SHORT_GROUP];
+    for (size_t k = 0; k < LN_SHORT_GROUP; k++) {
+        r[k] = (LN_T)g->rstd[k];
+        c[k] = LN_FN(offset)(g->lo[k], r[k]);
+    }
+    for (size_t j = 0; j < w; j++)
+        for (size_t k = 0; k < LN_SHORT_GROUP; k++)
+            g->v[j][k] = LN_FN(affine)(LN_FN(normalize)(g->v[j][k], g->hi[k], r[k], c[k]),
+                                       wp, bp, j);
+    LN_T rows[LN_SHORT_GROUP][LN_LANES];
+    for (size_t j = 0; j < w; j++)
+        for (size_t k = 0; k < LN_SHORT_GROUP; k++)
+            rows[k][j] = g->v[j][k];
+    for (size_t k = 0; k < n; k++) {
+        if (!keep[k])
+            continue;
+        LN_S *row = (LN_S *)(y + (ptrdiff_t)k * y_row);
+#if defined(LN_STORE_PART)
+        LN_STORE_PART(row, rows[k], d, w);
+#else
+        for (size_t j = 0; j < d; j++)
+            LN_STORE(row + j, rows[k][j]);
 #endif
+    }
+}
+
+LN_ALWAYS_INLINE void LN_FN(group_output)(LN_FN(short_group) *g, char *y, ptrdiff_t y_row,
+                                          size_t n, size_t d, const LN_P *restrict wp,
+                                          const LN_P *restrict bp, const int *keep)
+{
+    if (d == LN_SHORT)
+        LN_FN(group_output_d)(g, y, y_row, n, LN_SHORT, wp, bp, keep, LN_SHORT);
+    else if (d == LN_SHORT / 2)
+        LN_FN(group_output_d)(g, y, y_row, n, LN_SHORT / 2, wp, bp, keep, LN_SHORT / 2);
+    else if (d == LN_SHORT / 4)
+        LN_FN(group_output_d)(g, y, y_row, n, LN_SHORT / 4, wp, bp, keep, LN_SHORT / 4);
+    else if (d < LN_SHORT / 4)
+        LN_FN(group_output_d)(g, y, y_row, n, d, wp, bp, keep, LN_SHORT / 4);
+    else if (d < LN_SHORT / 2)
+        LN_FN(group_output_d)(g, y, y_row, n, d, wp, bp, keep, LN_SHORT / 2);
+    else
+        LN_FN(group_output_d)(g, y, y_row, n, d, wp, bp, keep, LN_SHORT);
 }
 
 /*

@@ -10,6 +10,13 @@
  * No include guard.
  */
 
+/* The core instance's compute type. */
+#if defined(LN_WIDE)
+#define LN_CT float
+#else
+#define LN_CT double
+#endif
+
 #if defined(LN_WIDE)
 /* ---- computed in float, with the double instance as the fallback ---- */
 
@@ -173,9 +180,67 @@ static int LN_OPS(record_output)(const ln_rows *r, size_t k, int rms)
     return LN_OPS(ln_output)(x, y, r->d, r->w, r->b, eps, st, r->stream, r->spare, rms);
 }
 
+#if defined(LN_HAS_SHORT_ROWS)
+/* A short record's plain case: a valid eps, a finite mean, and statistics
+ * and 1/std inside the range of the core instance. Everything else takes
+ * the record path below, which repeats the same operations and then makes
+ * its fallback decisions (ln_contract.h, items 8 and 9). */
+static int LN_OPS(short_is_plain)(const ln_stats *st, double eps, double rstd)
+{
+    if (!ln_eps_is_valid(eps) || !isfinite(st->mean))
+        return 0;
+#if defined(LN_WIDE)
+    return LN_OPS(fits_float)(st->var, rstd);
+#else
+    return st->var >= LN_F64_VAR_MIN && st->var <= DBL_MAX && rstd != 0.0 && !(rstd > DBL_MAX);
+#endif
+}
+
+static int LN_OPS(record_stats)(const ln_rows *r, size_t k, int rms);
+static int LN_OPS(record_output)(const ln_rows *r, size_t k, int rms);
+
+/* Short records a group at a time (see ln_lane.h's short_group): the
+ * plain ones from the group, the others by the record path. */
+static int LN_OPS(norm_short_rows)(const ln_rows *r, int rms)
+{
+    int status = LN_OK;
+    LN_CORE(short_group) g;
+    const LN_P *w = r->w, *b = r->b;
+    for (size_t k0 = 0; k0 < r->n; k0 += LN_SHORT_GROUP) {
+        size_t n = r->n - k0 < LN_SHORT_GROUP ? r->n - k0 : LN_SHORT_GROUP;
+        const char *x = (const char *)r->x + (ptrdiff_t)k0 * r->x_row;
+        char *y = (char *)r->y + (ptrdiff_t)k0 * r->y_row;
+        int keep[LN_SHORT_GROUP];
+        LN_CORE(group_stats)(&g, x, r->x_row, n, r->d, r->eps + k0, rms);
+        for (size_t k = 0; k < n; k++) {
+            ln_stats st = {.mean = g.mean[k], .var = g.var[k]};
+            keep[k] = LN_OPS(short_is_plain)(&st, r->eps[k0 + k], g.rstd[k]);
+            if (keep[k])
+                r->st[k0 + k] = st;
+        }
+        LN_CORE(group_output)(&g, y, r->y_row, n, r->d, w, b, keep);
+        for (size_t k = 0; k < n; k++) {
+            if (keep[k])
+                continue;
+            if (LN_OPS(record_stats)(r, k0 + k, rms) != LN_OK)
+                return LN_ENOMEM;
+            int rc = LN_OPS(record_output)(r, k0 + k, rms);
+            if (rc == LN_ENOMEM)
+                return rc;
+            status = status > rc ? status : rc;
+        }
+    }
+    return status;
+}
+#endif
+
 /* LayerNorm (or, rms, RMSNorm) of r->n records. */
 static int LN_OPS(norm_rows)(const ln_rows *r, int rms)
 {
+#if defined(LN_HAS_SHORT_ROWS)
+    if (LN_CORE(is_short)(r->d))
+        return LN_OPS(norm_short_rows)(r, rms);
+#endif
     int status = LN_OK;
     size_t group = r->d * sizeof(LN_S) <= LN_GROUP_MAX_ROW_BYTES ? LN_GROUP : 1;
     for (size_t k0 = 0; k0 < r->n; k0 += group) {
@@ -206,13 +271,6 @@ static int LN_OPS(rms_norm)(const ln_rows *r)
 }
 
 /* ---- the LayerNorm backward ------------------------------------------- */
-
-/* The core instance's compute type. */
-#if defined(LN_WIDE)
-#define LN_CT float
-#else
-#define LN_CT double
-#endif
 
 /* The mean the forward returns for record x, rounded to the statistics
  * dtype (float32 for float-computed records): the backward's shift m0

@@ -160,6 +160,28 @@ def test_every_isa_matches_scalar_on_all_tails(restore_settings):
                                    f"{isa}, {dtype}, d={d}")
 
 
+def test_short_records_match_scalar_at_every_position_of_a_group(restore_settings):
+    """Short records (d up to two lane rows) are computed 16 at a time,
+    transposed: every position of a group (and of a partial last group), in
+    every dtype, for LayerNorm and RMSNorm, gives the scalar level's bits.
+    (Regression: GCC 12's basic-block vectorizer dropped the `- lo` of the
+    centered values for some positions of a group in one formulation.)"""
+    rng = np.random.default_rng(13)
+    for dtype in FLOAT_DTYPES:
+        for d in range(1, 2 * LANES + 3):
+            x = random_records(rng, dtype, 37, d)
+            w, b = random_params(rng, dtype, d, "wb")
+            lnc.set_isa("scalar")
+            want = (lnc.layer_norm(x, w, b, return_stats=True),
+                    lnc.rms_norm(x, w, return_stats=True))
+            for isa in lnc.supported_isas():
+                lnc.set_isa(isa)
+                got = (lnc.layer_norm(x, w, b, return_stats=True),
+                       lnc.rms_norm(x, w, return_stats=True))
+                assert_same_result(got[0], want[0], f"{isa}, {dtype}, d={d}")
+                assert_same_result(got[1], want[1], f"{isa}, {dtype}, d={d}, rms_norm")
+
+
 def test_isa_settings_round_trip(restore_settings):
     assert "scalar" in lnc.supported_isas()
     assert lnc.get_isa() in lnc.supported_isas()
