@@ -2,20 +2,19 @@
 gather a report (the same :class:`~._report.AuditReport` as the forward's)."""
 from __future__ import annotations
 
-import math
-import warnings
 from typing import Any, Iterable, Optional, Sequence
 
 import numpy as np
 import numpy.typing as npt
 
 from ._adapters import Framework
-from ._audit import LayerNormAuditWarning, failure_message
+from ._audit import raise_on_failure, resolve_eps, selected_checks
 from ._backward_adapters import BackwardImplementation, BackwardLike, adapt_backward
 from ._backward_checks import BACKWARD_CHECKS, run_backward_check
 from ._backward_numerics import BackwardTolerance, backward_tolerance
 from ._backward_probe import BackwardProbe
-from ._numerics import TOLERANCES, Tolerance
+from ._numerics import Tolerance, tolerance_for
+from ._ops import LAYER_NORM, Op, audit_dtype
 from ._report import AuditReport
 
 __all__ = ["LayerNormBackwardAudit", "check_layer_norm_backward"]
@@ -84,28 +83,19 @@ class LayerNormBackwardAudit:
                  strict_batch_invariance: bool = False, name: Optional[str] = None) -> None:
         self.impl: BackwardImplementation = adapt_backward(
             fn, signature, framework, name=name, d=d, leading_shape=leading_shape)
-        self.dtype: np.dtype[Any] = np.dtype(dtype)
-        if self.dtype not in TOLERANCES:
-            raise ValueError(f"dtype: expected float16, float32 or float64, got {self.dtype}")
-        self.eps = self._resolve_eps(eps)
-        default = TOLERANCES[self.dtype]
+        self._setup(LAYER_NORM, dtype, eps, 1e-5, rtol, atol, seed, strict_batch_invariance)
+
+    def _setup(self, op: Op, dtype: npt.DTypeLike, eps: Optional[float], default_eps: float,
+               rtol: Optional[float], atol: Optional[float], seed: int,
+               strict_batch_invariance: bool) -> None:
+        self.op = op
+        self.dtype: np.dtype[Any] = audit_dtype(dtype)
+        self.eps = resolve_eps(self.impl, eps, default_eps)
         self.override: Optional[Tolerance] = None
         if rtol is not None or atol is not None:
-            self.override = Tolerance(default.rtol if rtol is None else float(rtol),
-                                      default.atol if atol is None else float(atol))
+            self.override = tolerance_for(self.dtype, rtol, atol)
         self.seed = int(seed)
         self.strict_batch_invariance = bool(strict_batch_invariance)
-
-    def _resolve_eps(self, eps: Optional[float]) -> float:
-        own = self.impl.eps
-        if eps is None:
-            eps = 1e-5 if own is None else own
-        elif own is not None and float(eps) != own:
-            raise ValueError(f"eps: {self.impl.name} uses its own eps={own:g}, got eps={eps!r}")
-        eps = float(eps)
-        if not math.isfinite(eps) or eps < 0:
-            raise ValueError(f"eps: expected a finite number >= 0, got {eps!r}")
-        return eps
 
     @property
     def tolerance(self) -> BackwardTolerance:
@@ -143,11 +133,7 @@ class LayerNormBackwardAudit:
         ValueError
             An unknown check name.
         """
-        names = BACKWARD_CHECKS if checks is None else tuple(checks)
-        unknown = [n for n in names if n not in BACKWARD_CHECKS]
-        if unknown:
-            raise ValueError(f"checks: unknown {unknown}; expected names from "
-                             f"{BACKWARD_CHECKS}")
+        names = selected_checks(checks, BACKWARD_CHECKS)
         results = [run_backward_check(n, self._probe()) for n in names]
         return AuditReport(self.title, results, self)
 
@@ -201,8 +187,4 @@ def check_layer_norm_backward(fn: BackwardLike, *, checks: Optional[Iterable[str
         fn, signature=signature, framework=framework, dtype=dtype, eps=eps, d=d,
         leading_shape=leading_shape, rtol=rtol, atol=atol, seed=seed,
         strict_batch_invariance=strict_batch_invariance, name=name).run(checks)
-    for result in report.warnings:
-        warnings.warn(f"{report.title}: {result}", LayerNormAuditWarning, stacklevel=2)
-    if not report.ok:
-        raise AssertionError(failure_message(report))
-    return report
+    return raise_on_failure(report, stacklevel=3)

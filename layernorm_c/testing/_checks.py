@@ -18,6 +18,7 @@ from numpy.typing import NDArray
 
 from .._cases import WORKED_EXAMPLES
 from ._numerics import EPS_MODES, TOLERANCES, Fit, fit, model_layer_norm, ulp_distance
+from ._ops import is_float, unit_roundoff
 from ._probe import ImplementationError, Param, Probe
 from ._report import FAIL, PASS, SKIP, WARN, CheckResult
 
@@ -38,18 +39,22 @@ REGISTRY: Dict[str, Check] = {}
 CheckFunction = Callable[[Probe], CheckResult]
 
 
-def _check(name: str, title: str) -> Callable[[CheckFunction], CheckFunction]:
+def _check(name: str, title: str, registry: Optional[Dict[str, Check]] = None
+           ) -> Callable[[CheckFunction], CheckFunction]:
+    """Register a check in ``registry`` (default the LayerNorm battery's)."""
     def register(run: CheckFunction) -> CheckFunction:
-        REGISTRY[name] = Check(name, title, run)
+        (REGISTRY if registry is None else registry)[name] = Check(name, title, run)
         return run
     return register
 
 
-def run_check(name: str, probe: Probe) -> CheckResult:
-    """Run one check; an implementation that raises or returns a wrong shape
-    fails it with that message."""
+def run_check(name: str, probe: Probe, registry: Optional[Dict[str, Check]] = None
+              ) -> CheckResult:
+    """Run one check of ``registry`` (default the LayerNorm battery's); an
+    implementation that raises or returns a wrong shape fails it with that
+    message."""
     try:
-        return REGISTRY[name].run(probe)
+        return (REGISTRY if registry is None else registry)[name].run(probe)
     except ImplementationError as exc:
         return CheckResult(name, FAIL, exc.figure, str(exc))
 
@@ -149,14 +154,15 @@ def check_contract(p: Probe) -> CheckResult:
                 if not np.array_equal(v, np.asarray(inputs[k]), equal_nan=True)]
     if modified:
         return CheckResult("contract", FAIL, figure,
-                           f"modifies its input {' and '.join(modified)} in place; a LayerNorm "
-                           "must leave its arguments unchanged (write to a new array)")
+                           f"modifies its input {' and '.join(modified)} in place; a "
+                           f"{p.op.name} must leave its arguments unchanged (write to a new "
+                           "array)")
     if not np.isfinite(y).all():
         return CheckResult("contract", FAIL, figure,
                            "non-finite output for finite, well-scaled input")
-    if y.dtype.kind != "f":
+    if not is_float(y.dtype):
         return CheckResult("contract", FAIL, figure,
-                           f"returns {y.dtype}: a LayerNorm output is floating point")
+                           f"returns {y.dtype}: a {p.op.name} output is floating point")
     if y.dtype.itemsize < x.dtype.itemsize:
         return CheckResult("contract", WARN, figure,
                            f"returns {y.dtype} for {x.dtype} input: precision is lost on "
@@ -217,13 +223,14 @@ def check_reference(p: Probe) -> CheckResult:
     figure = f"max error {_max_abs_error(got, want):.2g} ({units.max():.2g} x tol)"
     if units.max() > 1:
         return CheckResult("reference", FAIL, figure,
-                           f"differs from reference_layer_norm (float64) beyond {p.tol}: at "
+                           f"differs from {p.op.reference_name} (float64) beyond {p.tol}: at "
                            f"record {_fmt_index(worst[:-1])}, feature {worst[-1]} it gives "
                            f"{got[worst]:.7g} instead of {want[worst]:.7g}. The checks below "
                            "name the likely cause", {"units": float(units.max())})
     return CheckResult("reference", PASS, figure,
-                       f"within {p.tol} of reference_layer_norm (float64) on "
-                       f"{math.prod(lead)} random records, random weight and bias",
+                       f"within {p.tol} of {p.op.reference_name} (float64) on "
+                       f"{math.prod(lead)} random records, random "
+                       + ("weight and bias" if p.impl.takes_bias else "weight"),
                        {"units": float(units.max())})
 
 
@@ -564,7 +571,7 @@ def check_cancellation(p: Probe) -> CheckResult:
     d = p.d(64)
     rng = p.rng("cancellation")
     z = _standard_rows(rng, 8, d)
-    unit = float(np.finfo(p.dtype).eps) / 2
+    unit = unit_roundoff(p.dtype)
     identity = p.identity_params(d)
     errors: List[float] = []
     excess: List[float] = []
@@ -634,6 +641,30 @@ def _growth_per_decade(errors: Sequence[float]) -> float:
 
 @_check("float16_overflow", "float16 inputs up to 65504 give finite, accurate outputs")
 def check_float16_overflow(p: Probe) -> CheckResult:
+    return float16_overflow(p, _scaled_down)
+
+
+#: What a float16 record with large values should give, from the
+#: implementation itself: ``expected(p, x, weight)`` for the stack ``x``,
+#: with a phrase saying what it is.
+Expected = Callable[[Probe, NDArray[Any], Param], Tuple[NDArray[Any], str]]
+
+
+def _scaled_down(p: Probe, x: NDArray[Any], weight: Param) -> Tuple[NDArray[Any], str]:
+    """The same records scaled down by 2**13 (65504 -> 8), through the same
+    implementation: LayerNorm does not care about scale, so whatever differs
+    (beyond what the reference says eps changes) is the cost of large
+    values, whatever else the implementation gets wrong."""
+    small = p.cast(x * 2.0 ** -13, np.float16)
+    got_small = p.rows(small, weight, p.identity_params(x.shape[-1], np.float16)[1],
+                       dtype=np.float16)
+    return (got_small + p.reference(x) - p.reference(small),
+            "the same records scaled down by 2^13")
+
+
+def float16_overflow(p: Probe, expected: Expected) -> CheckResult:
+    """The float16 overflow check, comparing large records with what
+    ``expected`` derives from the implementation."""
     d = p.d(16)
     rng = p.rng("float16_overflow")
     top = float(np.finfo(np.float16).max)  # 65504
@@ -655,23 +686,17 @@ def check_float16_overflow(p: Probe) -> CheckResult:
                            f"does not accept float16 input: {exc}")
     if not _identical(p.rows(x, *identity, dtype=np.float16), got):
         return _unrepeatable("float16_overflow")
-    # The same records scaled down by 2**13 (65504 -> 8), through the same
-    # implementation: LayerNorm does not care about scale, so whatever
-    # differs (beyond what the reference says eps changes) is the cost of
-    # large values, whatever else the implementation gets wrong.
-    small = p.cast(x * 2.0 ** -13, np.float16)
-    got_small = p.rows(small, *identity, dtype=np.float16)
     tol = p.tol if p.dtype == np.float16 else TOLERANCES[np.dtype(np.float16)]
     want = p.reference(x)
-    scale_units = tol.units(got, got_small + want - p.reference(small)).max(axis=-1)[:-1]
+    like, what = expected(p, x, identity[0])
+    scale_units = tol.units(got, like).max(axis=-1)[:-1]
     nonfinite = [names[i] for i in np.flatnonzero(~np.isfinite(got[:-1]).all(axis=-1))]
     figure = (f"{len(nonfinite)}/{len(names)} large records non-finite" if nonfinite
               else f"max error {_max_abs_error(got, want):.2g}")
     if not np.isfinite(got[-1]).all():
         return CheckResult("float16_overflow", FAIL, figure,
                            "non-finite outputs even for plain float16 records")
-    advice = ("the statistics are computed in float16, where sums and squares overflow "
-              "above 65504 (the square of anything above 256 does); compute them in float32")
+    advice = p.op.overflow_advice
     if nonfinite:
         return CheckResult("float16_overflow", FAIL, figure,
                            f"float16 overflow: records with values up to 65504 came out "
@@ -680,12 +705,12 @@ def check_float16_overflow(p: Probe) -> CheckResult:
         worst = names[int(np.argmax(scale_units))]
         return CheckResult("float16_overflow", FAIL, figure,
                            "float16 overflow: records with values up to 65504 come out "
-                           "differently from the same records scaled down by 2^13 (worst: "
+                           f"differently from {what} (worst: "
                            f"{worst}, {scale_units.max():.3g} x tol): {advice}")
     if tol.worst(got, want) > 1:
         return CheckResult("float16_overflow", PASS, figure,
                            "finite outputs for float16 inputs up to +-65504, the same as for "
-                           "the records scaled down; accuracy is the reference check's business")
+                           f"{what}; accuracy is the reference check's business")
     return CheckResult("float16_overflow", PASS, figure,
                        "float16 records with values up to +-65504 give finite outputs "
                        "within float16 tolerance")

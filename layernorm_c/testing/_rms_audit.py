@@ -1,0 +1,150 @@
+"""The RMSNorm audit: the RMSNorm checks on one implementation, gathered in
+the same :class:`~._report.AuditReport` as LayerNorm's."""
+from __future__ import annotations
+
+from typing import Any, Dict, Final, Iterable, Optional, Sequence
+
+import numpy.typing as npt
+
+from ._adapters import Framework, Implementation, LayerNormLike, adapt
+from ._audit import ForwardAudit, raise_on_failure
+from ._checks import Check
+from ._ops import Convention, rms_norm_op
+from ._report import AuditReport
+from ._rms_checks import RMS_REGISTRY
+
+__all__ = ["RMSNormAudit", "check_rms_norm", "DEFAULT_RMS_SIGNATURE"]
+
+#: The default calling convention of an RMSNorm: ``fn(x, weight, eps)``.
+DEFAULT_RMS_SIGNATURE: Final = "x, weight, eps"
+
+
+def adapt_rms(fn: LayerNormLike, signature: Optional[str], framework: Framework,
+              name: Optional[str], d: Optional[int], leading_shape: Optional[Sequence[int]],
+              convention: Convention = "weight") -> Implementation:
+    """:func:`~._adapters.adapt` with RMSNorm's default signature; an
+    RMSNorm takes no bias. ``layernorm_c.rms_norm`` and
+    ``layernorm_c.reference_rms_norm`` are called with the audit's
+    ``convention`` (the reference read for its ``y``)."""
+    import layernorm_c as lnc
+
+    if fn is lnc.rms_norm or fn is lnc.reference_rms_norm:
+        known = fn
+
+        def call(x: Any, weight: Any, eps: float) -> Any:
+            out = known(x, weight, eps, convention=convention)
+            return out.y if isinstance(out, tuple) else out
+
+        name = name or f"layernorm_c.{known.__name__}"
+        fn, signature = call, "x, weight, eps"
+    impl = adapt(fn, signature or DEFAULT_RMS_SIGNATURE, framework, name=name, d=d,
+                 leading_shape=leading_shape)
+    if impl.takes_bias:
+        raise ValueError(f"signature: an RMSNorm takes no bias, but {impl.name} is declared "
+                         f"with one ({signature!r}); give a signature without 'bias'")
+    return impl
+
+
+class RMSNormAudit(ForwardAudit):
+    """The validation battery for one RMSNorm implementation.
+
+    ``y = x / sqrt(mean(x^2) + eps) * weight`` over the last axis (or
+    ``* (1 + weight)`` with ``convention="1+weight"``, Gemma's).
+
+    Parameters
+    ----------
+    fn : callable or Implementation
+        The RMSNorm under audit, by default called as ``fn(x, weight, eps)``
+        on NumPy arrays. ``torch.nn.functional.rms_norm`` and a
+        ``torch.nn.RMSNorm`` (or any module with a ``weight`` and an
+        ``eps``), flax's ``linen.RMSNorm`` and ``nnx.RMSNorm`` are
+        recognized; see :func:`adapt` for other conventions.
+    convention : {'weight', '1+weight'}, optional
+        How the weight scales: ``'weight'`` (LLaMA, Qwen, T5; default) or
+        ``'1+weight'`` (Gemma). The scale check names an implementation of
+        the other convention.
+    signature : str, optional
+        The calling convention, e.g. ``"x, eps"`` or ``"x, *, weight, eps"``
+        (default ``"x, weight, eps"``); an RMSNorm takes no bias.
+    framework : {'auto', 'numpy', 'torch', 'jax'}, optional
+        See :func:`adapt`. Default ``'auto'``.
+    dtype : {'float32', 'float64', 'float16', 'bfloat16'}, optional
+        The dtype of every input (the float16 overflow check always uses
+        float16, the accumulation check float16 unless the audit is in
+        bfloat16). ``'bfloat16'`` needs ml_dtypes. Default ``'float32'``.
+    eps : float, optional
+        The eps passed to ``fn``; for an implementation that takes none, the
+        eps it uses. Default ``1e-6`` (``layernorm_c.rms_norm``'s).
+    d, leading_shape, rtol, atol, seed, strict_batch_invariance, name : optional
+        As for :class:`LayerNormAudit` (the tolerances by dtype are the
+        same).
+
+    Examples
+    --------
+    >>> import layernorm_c
+    >>> from layernorm_c.testing import RMSNormAudit
+    >>> RMSNormAudit(layernorm_c.rms_norm).run().ok
+    True
+    """
+
+    def __init__(self, fn: LayerNormLike, *, convention: Convention = "weight",
+                 signature: Optional[str] = None, framework: Framework = "auto",
+                 dtype: npt.DTypeLike = "float32", eps: Optional[float] = None,
+                 d: Optional[int] = None, leading_shape: Optional[Sequence[int]] = None,
+                 rtol: Optional[float] = None, atol: Optional[float] = None, seed: int = 0,
+                 strict_batch_invariance: bool = False, name: Optional[str] = None) -> None:
+        op = rms_norm_op(convention)
+        self.convention: Convention = op.convention
+        impl = adapt_rms(fn, signature, framework, name, d, leading_shape, op.convention)
+        self._setup(impl, op, dtype, eps, 1e-6, rtol, atol, seed, strict_batch_invariance)
+
+    def _registry(self) -> Dict[str, Check]:
+        return RMS_REGISTRY
+
+
+def check_rms_norm(fn: LayerNormLike, *, checks: Optional[Iterable[str]] = None,
+                   convention: Convention = "weight", signature: Optional[str] = None,
+                   framework: Framework = "auto", dtype: npt.DTypeLike = "float32",
+                   eps: Optional[float] = None, d: Optional[int] = None,
+                   leading_shape: Optional[Sequence[int]] = None, rtol: Optional[float] = None,
+                   atol: Optional[float] = None, seed: int = 0,
+                   strict_batch_invariance: bool = False,
+                   name: Optional[str] = None) -> AuditReport:
+    """Audit the RMSNorm ``fn`` and raise if any check fails.
+
+    Parameters
+    ----------
+    fn : callable or Implementation
+        The RMSNorm under audit, ``fn(x, weight, eps)`` by default; see
+        :class:`RMSNormAudit`.
+    checks : iterable of str, optional
+        Names from :data:`RMS_CHECKS`; default all.
+    convention, signature, framework, dtype, eps, d, leading_shape : optional
+        As for :class:`RMSNormAudit`.
+    rtol, atol, seed, strict_batch_invariance, name : optional
+        As for :class:`RMSNormAudit`.
+
+    Returns
+    -------
+    AuditReport
+        When no check failed. Each warning is also issued as a
+        :class:`LayerNormAuditWarning`.
+
+    Raises
+    ------
+    AssertionError
+        Some check failed; the message names each failure with its
+        diagnosis, then prints the whole report.
+
+    Examples
+    --------
+    >>> import layernorm_c
+    >>> from layernorm_c.testing import check_rms_norm
+    >>> check_rms_norm(layernorm_c.rms_norm, dtype="float64").ok
+    True
+    """
+    report = RMSNormAudit(fn, convention=convention, signature=signature, framework=framework,
+                          dtype=dtype, eps=eps, d=d, leading_shape=leading_shape, rtol=rtol,
+                          atol=atol, seed=seed, strict_batch_invariance=strict_batch_invariance,
+                          name=name).run(checks)
+    return raise_on_failure(report, stacklevel=3)
