@@ -266,3 +266,67 @@ def test_reference_rms_norm_backward_sums_exactly_in_any_order():
     np.testing.assert_allclose(tiny.dx, 1e3, rtol=1e-12)
     with pytest.raises(ValueError, match="convention"):
         layernorm_c.reference_rms_norm_backward(dy, x, convention="gemma")
+
+
+# -- the backward battery on RMSNorm ----------------------------------------------
+
+import rms_backward_gallery as bgallery  # noqa: E402
+from layernorm_c.testing import (RMS_BACKWARD_CHECKS, RMSNormBackwardAudit,  # noqa: E402
+                                 check_rms_norm_backward)
+
+BACKWARD_GALLERY = [
+    (bgallery.mean_path_included, "paths", ["mean path wrongly included", "-rstd * mean(g)"],
+     {"scale"}),
+    (bgallery.rms_constant, "paths", ["the root mean square treated as a constant"], {"scale"}),
+    (bgallery.eps_outside_sqrt, "eps", ["eps outside the square root",
+                                        "1 / (sqrt(mean(x^2)) + eps)"], set()),
+    (bgallery.plus_one_scale, "scale", ["of the wrong convention", "g = dy * (1 + weight)"],
+     None),
+    (bgallery.dweight_negated, "param_grads", ["sign error in dweight"], set()),
+]
+
+
+@pytest.mark.parametrize("impl, check, words, others", BACKWARD_GALLERY,
+                         ids=[g[0].__name__ for g in BACKWARD_GALLERY])
+def test_backward_gallery_defect_is_named(impl, check, words, others):
+    _assert_named(RMSNormBackwardAudit(impl).run(), check, words, others)
+
+
+def test_backward_convention_mistaken_the_other_way():
+    report = RMSNormBackwardAudit(bgallery.correct, convention="1+weight").run()
+    _assert_named(report, "scale", ["of the wrong convention", "g = dy * weight where"], None)
+    assert RMSNormBackwardAudit(bgallery.gemma, convention="1+weight").run().ok
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16"])
+def test_correct_rms_backwards_pass(dtype):
+    for fn, convention in ((bgallery.correct, "weight"), (bgallery.gemma, "1+weight"),
+                           (layernorm_c.rms_norm_backward, "weight"),
+                           (layernorm_c.rms_norm_backward, "1+weight"),
+                           (layernorm_c.reference_rms_norm_backward, "weight"),
+                           (layernorm_c.RMSNorm(16), "weight"),
+                           (layernorm_c.RMSNorm(16, convention="1+weight"), "1+weight")):
+        report = RMSNormBackwardAudit(fn, convention=convention, dtype=dtype).run()
+        assert report.ok, str(report)
+        assert len(report) == len(RMS_BACKWARD_CHECKS)
+    assert check_rms_norm_backward(layernorm_c.rms_norm_backward).ok
+    with pytest.raises(AssertionError, match="mean path wrongly included"):
+        check_rms_norm_backward(bgallery.mean_path_included)
+
+
+def test_torch_autograd_of_rms_norm_passes():
+    torch = pytest.importorskip("torch")
+    for fn in (torch.nn.functional.rms_norm, torch.nn.RMSNorm(16)):
+        report = RMSNormBackwardAudit(fn).run()
+        assert report.ok, str(report)
+        assert "torch autograd" in report.title
+
+
+def test_rms_backward_options():
+    with pytest.raises(TypeError, match="is a forward"):
+        RMSNormBackwardAudit(layernorm_c.rms_norm)
+    with pytest.raises(ValueError, match="no bias"):
+        RMSNormBackwardAudit(layernorm_c.layer_norm_backward,
+                             signature="dy, x, weight, eps -> dx, dweight, dbias")
+    assert RMSNormBackwardAudit(layernorm_c.rms_norm_backward).eps == 1e-6
+    assert "cancellation" not in RMS_BACKWARD_CHECKS and "scale" in RMS_BACKWARD_CHECKS

@@ -35,12 +35,15 @@ from typing import Iterable, List, Mapping, Sequence
 from ._adapters import DEFAULT_SIGNATURE, Implementation, adapt, from_jax, from_torch
 from ._audit import LayerNormAudit, LayerNormAuditWarning, check_layer_norm
 from ._backward_adapters import DEFAULT_BACKWARD_SIGNATURE, BackwardImplementation
-from ._backward_audit import LayerNormBackwardAudit, check_layer_norm_backward
+from ._backward_audit import (DEFAULT_RMS_BACKWARD_SIGNATURE, LayerNormBackwardAudit,
+                              RMSNormBackwardAudit, check_layer_norm_backward,
+                              check_rms_norm_backward)
 from ._backward_checks import BACKWARD_CHECKS, BACKWARD_REGISTRY
 from ._checks import CHECKS, REGISTRY
 from ._numerics import TOLERANCES, Tolerance
 from ._report import AuditReport, CheckResult
 from ._rms_audit import DEFAULT_RMS_SIGNATURE, RMSNormAudit, check_rms_norm
+from ._rms_backward_checks import RMS_BACKWARD_CHECKS, RMS_BACKWARD_REGISTRY
 from ._rms_checks import RMS_CHECKS, RMS_REGISTRY
 
 __all__ = [
@@ -50,17 +53,22 @@ __all__ = [
     "LayerNormBackwardAudit",
     "check_rms_norm",
     "RMSNormAudit",
+    "check_rms_norm_backward",
+    "RMSNormBackwardAudit",
     "AuditReport",
     "CheckResult",
     "CHECKS",
     "BACKWARD_CHECKS",
     "RMS_CHECKS",
+    "RMS_BACKWARD_CHECKS",
     "describe_checks",
     "describe_backward_checks",
     "describe_rms_checks",
+    "describe_rms_backward_checks",
     "layer_norm_checks",
     "layer_norm_backward_checks",
     "rms_norm_checks",
+    "rms_norm_backward_checks",
     "adapt",
     "from_torch",
     "from_jax",
@@ -69,6 +77,7 @@ __all__ = [
     "DEFAULT_SIGNATURE",
     "DEFAULT_BACKWARD_SIGNATURE",
     "DEFAULT_RMS_SIGNATURE",
+    "DEFAULT_RMS_BACKWARD_SIGNATURE",
     "Tolerance",
     "TOLERANCES",
     "LayerNormAuditWarning",
@@ -93,6 +102,11 @@ def describe_backward_checks() -> str:
 def describe_rms_checks() -> str:
     """Every RMSNorm check's name and what it verifies, one per line."""
     return _describe({n: RMS_REGISTRY[n].title for n in RMS_CHECKS})
+
+
+def describe_rms_backward_checks() -> str:
+    """Every RMSNorm backward check's name and what it verifies, one per line."""
+    return _describe({n: RMS_BACKWARD_REGISTRY[n].title for n in RMS_BACKWARD_CHECKS})
 
 
 def _without(exclude: Iterable[str], known: Sequence[str]) -> List[str]:
@@ -169,3 +183,24 @@ def rms_norm_checks(exclude: Iterable[str] = ()) -> List[str]:
         An unknown name in ``exclude``.
     """
     return _without(exclude, RMS_CHECKS)
+
+
+def rms_norm_backward_checks(exclude: Iterable[str] = ()) -> List[str]:
+    """RMSNorm backward check names for ``pytest.mark.parametrize``, minus
+    ``exclude``.
+
+    Parameters
+    ----------
+    exclude : iterable of str, optional
+        Checks to leave out.
+
+    Returns
+    -------
+    list of str
+
+    Raises
+    ------
+    ValueError
+        An unknown name in ``exclude``.
+    """
+    return _without(exclude, RMS_BACKWARD_CHECKS)

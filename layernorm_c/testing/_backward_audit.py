@@ -2,22 +2,25 @@
 gather a report (the same :class:`~._report.AuditReport` as the forward's)."""
 from __future__ import annotations
 
-from typing import Any, Iterable, Optional, Sequence
+from dataclasses import replace
+from typing import Any, Dict, Final, Iterable, Optional, Sequence
 
 import numpy as np
 import numpy.typing as npt
 
 from ._adapters import Framework
 from ._audit import raise_on_failure, resolve_eps, selected_checks
-from ._backward_adapters import BackwardImplementation, BackwardLike, adapt_backward
-from ._backward_checks import BACKWARD_CHECKS, run_backward_check
+from ._backward_adapters import (BackwardImplementation, BackwardLike, Grads, _layernorm_c_threads,
+                                 adapt_backward)
+from ._backward_checks import BACKWARD_REGISTRY, BackwardCheck, run_backward_check
 from ._backward_numerics import BackwardTolerance, backward_tolerance
 from ._backward_probe import BackwardProbe
 from ._numerics import Tolerance, tolerance_for
-from ._ops import LAYER_NORM, Op, audit_dtype
+from ._ops import LAYER_NORM, Convention, Op, audit_dtype, rms_norm_op
 from ._report import AuditReport
 
-__all__ = ["LayerNormBackwardAudit", "check_layer_norm_backward"]
+__all__ = ["LayerNormBackwardAudit", "check_layer_norm_backward", "RMSNormBackwardAudit",
+           "check_rms_norm_backward", "DEFAULT_RMS_BACKWARD_SIGNATURE"]
 
 
 class LayerNormBackwardAudit:
@@ -41,9 +44,9 @@ class LayerNormBackwardAudit:
         forward, for ``framework='torch'`` or ``'jax'``).
     framework : {'auto', 'numpy', 'torch', 'jax'}, optional
         See :func:`~layernorm_c.testing.adapt`. Default ``'auto'``.
-    dtype : {'float32', 'float64', 'float16'}, optional
+    dtype : {'float32', 'float64', 'float16', 'bfloat16'}, optional
         The dtype of every input (the float16 overflow check always uses
-        float16). Default ``'float32'``.
+        float16). ``'bfloat16'`` needs ml_dtypes. Default ``'float32'``.
     eps : float, optional
         The eps passed to ``fn`` (the forward's); for an implementation
         that takes none, the eps it uses. Default ``1e-5``.
@@ -113,7 +116,9 @@ class LayerNormBackwardAudit:
             parts.append(f"d={self.impl.d}")
         if self.impl.leading_shape is not None:
             parts.append(f"leading shape {self.impl.leading_shape}")
-        return f"LayerNorm backward audit of {self.impl.name} ({', '.join(parts)})"
+        if self.op.plus_one:
+            parts.append("scale 1 + weight")
+        return f"{self.op.name} backward audit of {self.impl.name} ({', '.join(parts)})"
 
     def run(self, checks: Optional[Iterable[str]] = None) -> AuditReport:
         """Run the checks.
@@ -133,13 +138,17 @@ class LayerNormBackwardAudit:
         ValueError
             An unknown check name.
         """
-        names = selected_checks(checks, BACKWARD_CHECKS)
-        results = [run_backward_check(n, self._probe()) for n in names]
+        registry = self._registry()
+        names = selected_checks(checks, tuple(registry))
+        results = [run_backward_check(n, self._probe(), registry) for n in names]
         return AuditReport(self.title, results, self)
+
+    def _registry(self) -> Dict[str, BackwardCheck]:
+        return BACKWARD_REGISTRY
 
     def _probe(self) -> BackwardProbe:
         return BackwardProbe(self.impl, self.dtype, self.eps, self.override, self.seed,
-                             self.strict_batch_invariance)
+                             self.strict_batch_invariance, self.op)
 
 
 def check_layer_norm_backward(fn: BackwardLike, *, checks: Optional[Iterable[str]] = None,
@@ -188,3 +197,167 @@ def check_layer_norm_backward(fn: BackwardLike, *, checks: Optional[Iterable[str
         leading_shape=leading_shape, rtol=rtol, atol=atol, seed=seed,
         strict_batch_invariance=strict_batch_invariance, name=name).run(checks)
     return raise_on_failure(report, stacklevel=3)
+
+
+class RMSNormBackwardAudit(LayerNormBackwardAudit):
+    """The validation battery for one RMSNorm backward.
+
+    Parameters
+    ----------
+    fn : callable or BackwardImplementation
+        The backward under audit, by default called as
+        ``fn(dy, x, weight, eps)`` on NumPy arrays, returning
+        ``(dx, dweight)``; or a forward that its framework differentiates (a
+        ``torch.nn.RMSNorm``, ``F.rms_norm``, a torch or JAX function whose
+        ``signature`` has no ``dy``, e.g. ``"x, weight, eps"``).
+        ``layernorm_c.rms_norm_backward`` and
+        ``layernorm_c.reference_rms_norm_backward`` are recognized (called
+        with the audit's convention), and so is a ``layernorm_c.RMSNorm``
+        layer.
+    convention : {'weight', '1+weight'}, optional
+        How the forward's weight scales (``'1+weight'``: Gemma). Default
+        ``'weight'``.
+    signature, framework, dtype, d, leading_shape, rtol, atol, seed : optional
+        As for :class:`LayerNormBackwardAudit` (default signature
+        ``"dy, x, weight, eps -> dx, dweight"``).
+    eps : float, optional
+        The forward's eps. Default ``1e-6``.
+    strict_batch_invariance, name : optional
+        As for :class:`LayerNormBackwardAudit`.
+
+    Examples
+    --------
+    >>> import layernorm_c
+    >>> from layernorm_c.testing import RMSNormBackwardAudit
+    >>> RMSNormBackwardAudit(layernorm_c.rms_norm_backward).run().ok
+    True
+    """
+
+    def __init__(self, fn: BackwardLike, *, convention: Convention = "weight",
+                 signature: Optional[str] = None, framework: Framework = "auto",
+                 dtype: npt.DTypeLike = "float32", eps: Optional[float] = None,
+                 d: Optional[int] = None, leading_shape: Optional[Sequence[int]] = None,
+                 rtol: Optional[float] = None, atol: Optional[float] = None, seed: int = 0,
+                 strict_batch_invariance: bool = False, name: Optional[str] = None) -> None:
+        op = rms_norm_op(convention)
+        self.convention: Convention = op.convention
+        self.impl = adapt_rms_backward(fn, signature, framework, name, d, leading_shape,
+                                       op.convention)
+        self._setup(op, dtype, eps, 1e-6, rtol, atol, seed, strict_batch_invariance)
+
+    def _registry(self) -> Dict[str, BackwardCheck]:
+        from ._rms_backward_checks import RMS_BACKWARD_REGISTRY
+
+        return RMS_BACKWARD_REGISTRY
+
+
+def check_rms_norm_backward(fn: BackwardLike, *, checks: Optional[Iterable[str]] = None,
+                            convention: Convention = "weight", signature: Optional[str] = None,
+                            framework: Framework = "auto", dtype: npt.DTypeLike = "float32",
+                            eps: Optional[float] = None, d: Optional[int] = None,
+                            leading_shape: Optional[Sequence[int]] = None,
+                            rtol: Optional[float] = None, atol: Optional[float] = None,
+                            seed: int = 0, strict_batch_invariance: bool = False,
+                            name: Optional[str] = None) -> AuditReport:
+    """Audit the RMSNorm backward ``fn`` and raise if any check fails.
+
+    Parameters
+    ----------
+    fn : callable or BackwardImplementation
+        ``fn(dy, x, weight, eps) -> (dx, dweight)`` by default; see
+        :class:`RMSNormBackwardAudit`.
+    checks : iterable of str, optional
+        Names from :data:`~layernorm_c.testing.RMS_BACKWARD_CHECKS`; default
+        all.
+    convention, signature, framework, dtype, eps, d, leading_shape : optional
+        As for :class:`RMSNormBackwardAudit`.
+    rtol, atol, seed, strict_batch_invariance, name : optional
+        As for :class:`RMSNormBackwardAudit`.
+
+    Returns
+    -------
+    AuditReport
+        When no check failed.
+
+    Raises
+    ------
+    AssertionError
+        Some check failed, with each failure's diagnosis and the report.
+
+    Examples
+    --------
+    >>> import layernorm_c
+    >>> from layernorm_c.testing import check_rms_norm_backward
+    >>> check_rms_norm_backward(layernorm_c.rms_norm_backward, dtype="float64").ok
+    True
+    """
+    report = RMSNormBackwardAudit(
+        fn, convention=convention, signature=signature, framework=framework, dtype=dtype,
+        eps=eps, d=d, leading_shape=leading_shape, rtol=rtol, atol=atol, seed=seed,
+        strict_batch_invariance=strict_batch_invariance, name=name).run(checks)
+    return raise_on_failure(report, stacklevel=3)
+
+
+#: The default calling convention of an RMSNorm backward.
+DEFAULT_RMS_BACKWARD_SIGNATURE: Final = "dy, x, weight, eps -> dx, dweight"
+
+
+def adapt_rms_backward(fn: BackwardLike, signature: Optional[str], framework: Framework,
+                       name: Optional[str], d: Optional[int],
+                       leading_shape: Optional[Sequence[int]],
+                       convention: Convention) -> BackwardImplementation:
+    """:func:`~._backward_adapters.adapt_backward` with RMSNorm's default
+    signature (a forward without ``dy`` defaults to ``x, weight, eps``);
+    layernorm_c's RMSNorm backward, reference and layer, called with the
+    audit's convention. An RMSNorm has no bias."""
+    import layernorm_c as lnc
+
+    if fn is lnc.rms_norm or fn is lnc.reference_rms_norm:
+        raise TypeError(f"fn: layernorm_c.{getattr(fn, '__name__', fn)} is a forward; audit "
+                        "its backward (rms_norm_backward, reference_rms_norm_backward) or a "
+                        "layernorm_c.RMSNorm layer")
+    if fn is lnc.rms_norm_backward or fn is lnc.reference_rms_norm_backward:
+        known = fn
+
+        def call(dy: Any, x: Any, weight: Any, eps: float) -> Any:
+            g = known(dy, x, weight, eps, convention=convention)
+            return g.dx, g.dweight
+
+        impl = adapt_backward(call, "dy, x, weight, eps -> dx, dweight", "numpy",
+                              name=name or f"layernorm_c.{known.__name__}", d=d,
+                              leading_shape=leading_shape)
+        if fn is lnc.rms_norm_backward:
+            impl = replace(impl, threads=_layernorm_c_threads())
+        return impl
+    if isinstance(fn, lnc.RMSNorm):
+        impl = _layernorm_c_rms_layer(lnc, fn)
+        impl = replace(impl, name=name) if name else impl
+        return impl.restricted(d, leading_shape)
+    if signature is None and not isinstance(fn, BackwardImplementation):
+        signature = DEFAULT_RMS_BACKWARD_SIGNATURE
+    impl = adapt_backward(fn, signature, framework, name=name, d=d, leading_shape=leading_shape)
+    if impl.takes_bias or impl.returns_dbias:
+        raise ValueError(f"signature: an RMSNorm has no bias, but {impl.name} is declared with "
+                         "one; give a signature without 'bias' and 'dbias'")
+    return impl
+
+
+def _layernorm_c_rms_layer(lnc: Any, layer: Any) -> BackwardImplementation:
+    """A layernorm_c.RMSNorm layer: a fresh layer like it per call, its
+    forward and backward; dx and the weight's gradient from zero."""
+    takes_weight = layer.weight is not None
+
+    def call(dy: npt.NDArray[Any], x: npt.NDArray[Any], w: Optional[npt.NDArray[Any]],
+             _b: Optional[npt.NDArray[Any]], _eps: float) -> Grads:
+        fresh = lnc.RMSNorm(layer.normalized_shape, layer.eps, gain=takes_weight,
+                            dtype=x.dtype, convention=layer._rms_convention())
+        if w is not None:
+            fresh.load_state_dict({"weight": w})
+        fresh(x)
+        dx = fresh.backward(dy)
+        return Grads(np.asarray(dx), fresh.grad_weight, None)
+
+    return BackwardImplementation(call, "layernorm_c.RMSNorm", takes_weight, False, False,
+                                  takes_weight, False, float(layer.eps),
+                                  layer.normalized_shape[0], framework="numpy",
+                                  threads=_layernorm_c_threads())

@@ -94,12 +94,6 @@ def _standard_rows(rng: np.random.Generator, n: int, d: int) -> NDArray[Any]:
     return rows
 
 
-def _random_params(rng: np.random.Generator, d: int) -> Tuple[NDArray[Any], NDArray[Any]]:
-    """A gain of either sign away from 0 and a bias of order 1."""
-    weight = rng.uniform(0.5, 2.0, d) * rng.choice([-1.0, 1.0], d)
-    return weight, rng.normal(0.0, 1.0, d)
-
-
 def _fmt_row(values: Sequence[float], n: int = 4, decimals: int = 6) -> str:
     shown = ", ".join(f"{v:.{decimals}f}" for v in values[:n])
     return f"[{shown}{', ...' if len(values) > n else ''}]"
@@ -145,7 +139,7 @@ def check_contract(p: Probe) -> CheckResult:
     d, lead = p.d(16), p.lead((2, 3))
     rng = p.rng("contract")
     x = p.cast(rng.standard_normal(lead + (d,)) * 2 + 1)
-    w, b = p.params(*_random_params(rng, d))
+    w, b = p.params(*p.random_params(rng, d))
     inputs = {"x": x, "weight": w, "bias": b}
     before = {k: v.copy() for k, v in inputs.items() if v is not None}
     y = p.call_raw(x, w, b, copy=False)
@@ -215,7 +209,7 @@ def check_reference(p: Probe) -> CheckResult:
     scale = np.exp(rng.uniform(np.log(0.5), np.log(5.0), lead + (1,)))
     offset = rng.uniform(-2.0, 2.0, lead + (1,)) * scale
     x = p.cast(rng.standard_normal(lead + (d,)) * scale + offset)
-    w, b = p.params(*_random_params(rng, d))
+    w, b = p.params(*p.random_params(rng, d))
     got = p.call(x, w, b)
     want = p.reference(x, w, b)
     units = p.tol.units(got, want)
@@ -430,7 +424,7 @@ def check_affine(p: Probe) -> CheckResult:
     x = p.cast(_standard_rows(rng, d, d) * 2 + 1)
     first_gain = np.ones(d)
     first_gain[0] = 2.0
-    probes = [p.params(first_gain, np.zeros(d)), p.params(*_random_params(rng, d))]
+    probes = [p.params(first_gain, np.zeros(d)), p.params(*p.random_params(rng, d))]
     outputs = [p.rows(x, w, b) for w, b in probes]
     predictions = [_affine_predictions(p, x, w, b) for w, b in probes]
     keys = [k for k, (_, needs) in AFFINE_MODELS.items()
@@ -489,7 +483,7 @@ def check_coupling(p: Probe) -> CheckResult:
     d = p.d(16)
     rng = p.rng("coupling")
     x = p.cast(rng.standard_normal(lead + (d,)))
-    w, b = p.params(*_random_params(rng, d))
+    w, b = p.params(*p.random_params(rng, d))
     at = tuple(k // 2 for k in lead)
     changed = x.copy()
     changed[at] = p.cast(x[at] * 10 + 5)
@@ -538,7 +532,7 @@ def check_state(p: Probe) -> CheckResult:
     d, lead = p.d(16), p.lead((2, 3))
     rng = p.rng("state")
     x = p.cast(rng.standard_normal(lead + (d,)))
-    w, b = p.params(*_random_params(rng, d))
+    w, b = p.params(*p.random_params(rng, d))
     first = p.call_raw(x, w, b)
     others = [(100.0, 50.0), (0.01, -3.0), (1.0, 1000.0)]
     for scale, offset in others:
@@ -726,7 +720,7 @@ def check_nonfinite(p: Probe) -> CheckResult:
     d = p.d(16)
     rng = p.rng("nonfinite")
     x = p.cast(rng.standard_normal(lead + (d,)))
-    w, b = p.params(*_random_params(rng, d))
+    w, b = p.params(*p.random_params(rng, d))
     clean = p.call_raw(x, w, b)
     spots = [tuple(int(i) for i in np.unravel_index(k, lead)) for k in (n // 3, (2 * n) // 3)]
     if spots[0] == spots[1]:
@@ -764,7 +758,7 @@ def check_batch_invariance(p: Probe) -> CheckResult:
     # A few records, each placed in every layout among random neighbours:
     # rounding differences only show for some values.
     records = p.cast(rng.standard_normal((4, d)) * 3 + 1)
-    w, b = p.params(*_random_params(rng, d))
+    w, b = p.params(*p.random_params(rng, d))
     if p.fixed_lead:
         lead = p.fixed_leading_shape()
         n = math.prod(lead)

@@ -141,6 +141,14 @@ class ProbeBase(Generic[I]):
         b = self.cast(bias, dtype) if bias is not None and self.impl.takes_bias else None
         return w, b
 
+    def random_params(self, rng: np.random.Generator, d: int
+                      ) -> Tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+        """A weight whose scale (``weight``, or ``1 + weight``) has either
+        sign away from 0, and a bias of order 1 (float64, not yet cast)."""
+        scale = rng.uniform(0.5, 2.0, d) * rng.choice([-1.0, 1.0], d)
+        bias = rng.normal(0.0, 1.0, d)
+        return (scale - 1.0 if self.op.plus_one else scale), bias
+
     def identity_params(self, d: int, dtype: Optional[npt.DTypeLike] = None) -> Params:
         """Scale 1 (a gain of 1, or of 0 for ``1 + weight``) and bias 0, for
         the arguments the implementation takes."""

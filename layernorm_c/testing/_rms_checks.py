@@ -23,7 +23,7 @@ from numpy.typing import NDArray
 from .._cases import RMS_WORKED_EXAMPLES
 from ._checks import (REGISTRY, Check, _check, _fmt_numbers, _fmt_row, _identical,
                       float16_overflow,
-                      _max_abs_error, _no_fit, _random_params, _record_errors, _scale_ratio,
+                      _max_abs_error, _no_fit, _record_errors, _scale_ratio,
                       _standard_rows, _unrepeatable)
 from ._numerics import RMS_EPS_MODES, TOLERANCES, Fit, fit, model_rms_norm
 from ._ops import bfloat16, unit_roundoff
@@ -360,7 +360,7 @@ def check_scale(p: Probe) -> CheckResult:
     first = np.ones(d)
     first[0] = 2.0
     # Weights whose scale, in the audited convention, is [2, 1, 1, ...] and random.
-    weights = [first - 1.0 if p.op.plus_one else first, _random_params(rng, d)[0]]
+    weights = [first - 1.0 if p.op.plus_one else first, p.random_params(rng, d)[0]]
     outputs = [p.rows(x, *p.params(w)) for w in weights]
     ones = _unit_params(p, d)
     base = p.rows(x, *ones)

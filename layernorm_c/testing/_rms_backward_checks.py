@@ -1,0 +1,151 @@
+"""The checks of the RMSNorm backward battery.
+
+Most are the LayerNorm backward battery's, reading the op from the probe:
+its reference (:func:`layernorm_c.reference_rms_norm_backward`) and its
+terms, where ``c`` is x itself and the statistic is the mean square. An
+RMSNorm's dx is then a LayerNorm's with no term through the mean::
+
+    dx = rstd * (g - xhat * mean(g * xhat)),   g = dy * scale
+
+so the same decomposition reads it (the mean path's factor is 0 when
+correct), and the paths check fits the models of RMSNorm's defects. The
+scale check names a backward whose ``g`` uses the other weight convention.
+"""
+from __future__ import annotations
+
+from typing import Dict, Tuple
+
+import numpy as np
+
+from ._backward_checks import (BACKWARD_REGISTRY, BackwardCheck, _check, _designed_records,
+                               _no_fit, fit_dx)
+from ._backward_numerics import decompose_dx, model_dx, record_terms
+from ._backward_probe import BackwardProbe
+from ._report import FAIL, PASS, SKIP, CheckResult
+
+__all__ = ["RMS_BACKWARD_CHECKS", "RMS_BACKWARD_REGISTRY"]
+
+RMS_BACKWARD_REGISTRY: Dict[str, BackwardCheck] = {}
+
+
+def _shared(name: str, title: str = "") -> None:
+    check = BACKWARD_REGISTRY[name]
+    RMS_BACKWARD_REGISTRY[name] = BackwardCheck(name, title or check.title, check.run)
+
+
+#: The structural models of RMSNorm's dx: (mean path, variance path, sign).
+RMS_PATH_MODELS: Dict[str, Tuple[float, float, float]] = {
+    "correct": (0.0, 1.0, 1.0),
+    "mean_included": (1.0, 1.0, 1.0),
+    "constant": (0.0, 0.0, 1.0),
+    "sign": (0.0, 1.0, -1.0),
+    "var_sign": (0.0, -1.0, 1.0),
+}
+RMS_PATH_DEFECTS = {
+    "mean_included": "mean path wrongly included: dx has LayerNorm's term -rstd * mean(g) "
+                     "(g = dy * scale), which an RMSNorm, whose forward subtracts no mean, "
+                     "does not have",
+    "constant": "the root mean square treated as a constant: dx = rstd * dy * scale, with no "
+                "gradient through mean(x^2) (detached, or a hand-written backward that stops "
+                "at the chain rule's first term)",
+    "sign": "sign error: dx is the negative of the gradient",
+    "var_sign": "sign error in the term through the mean square: dx = rstd * (g + xhat * "
+                "mean(g * xhat))",
+}
+RMS_FORMULA = "rstd * (g - xhat * mean(g * xhat)) with g = dy * scale, xhat = x * rstd"
+
+_shared("contract", "dx shaped like x in x's dtype, dweight shaped (d,); inputs left unchanged")
+_shared("reference", "agreement with reference_rms_norm_backward (float64) on random data")
+
+
+@_check("paths", "dx has the term through the mean square, with the right sign, and none "
+                 "through a mean", RMS_BACKWARD_REGISTRY)
+def check_paths(p: BackwardProbe) -> CheckResult:
+    d = p.d(16)
+    if d < 4:
+        return CheckResult("paths", SKIP, f"d={d}",
+                           "needs at least 4 features to tell the terms of dx apart")
+    dy, x, w, b, _ = _designed_records(p, "paths", 16, d)
+    got = p.rows(dy, x, w, b)
+    if not np.isfinite(got.dx).all():
+        return CheckResult("paths", FAIL, "non-finite dx", "non-finite dx for plain records")
+    t = p.terms(dy, x, w)
+    dec = decompose_dx(got.dx, t)
+    r_eff = dec.rstd[:, None]
+    models = {k: [model_dx(t, rstd=r_eff, mean_path=a, var_path=v, sign=s)]
+              for k, (a, v, s) in RMS_PATH_MODELS.items()}
+    result = fit_dx(got.dx, models, p.tol(d), t)
+    a, v, s = (round(float(np.median(dec.mean_path)), 2) + 0.0,
+               round(float(np.median(dec.var_path)), 2) + 0.0,
+               float(np.median(np.sign(dec.sign_rstd))))
+    figure = f"mean path x{a:.2f}, mean-square path x{v:.2f}, sign {s:+.0f}"
+    values = {"mean_path": a, "var_path": v, "sign": s, "scores": dict(result.scores)}
+    if result.fits("correct"):
+        return CheckResult("paths", PASS, figure,
+                           f"dx = {RMS_FORMULA}: the gradient flows through the mean square, "
+                           "and through no mean", values)
+    fitting = sorted(k for k in RMS_PATH_DEFECTS if result.fits(k))
+    if len(fitting) == 1:
+        return CheckResult("paths", FAIL, figure,
+                           f"{RMS_PATH_DEFECTS[fitting[0]]}; dx must be {RMS_FORMULA}", values)
+    if fitting:
+        return CheckResult("paths", FAIL, figure,
+                           "dx is wrong, and the tolerance is too loose to tell which defect: it "
+                           f"fits {' and '.join(fitting)}; dx must be {RMS_FORMULA}", values)
+    return CheckResult("paths", FAIL, figure,
+                       "dx " + _no_fit("combination of the terms through g, a mean and the mean "
+                                       "square", result), values)
+
+
+_shared("eps", "the backward uses the forward's eps, inside the square root")
+
+
+@_check("scale", "dx scales dy by the weight of the audited convention (weight or "
+                 "1 + weight)", RMS_BACKWARD_REGISTRY)
+def check_scale(p: BackwardProbe) -> CheckResult:
+    if not p.impl.takes_weight:
+        return CheckResult("scale", SKIP, "no weight", "the implementation takes no weight")
+    d = p.d(16)
+    dy, x, w, b, _ = _designed_records(p, "scale", 8, d)
+    got = p.rows(dy, x, w, b)
+    assert w is not None
+    other = not p.op.plus_one
+    conventions = {
+        "correct": p.terms(dy, x, w),
+        "convention": record_terms(dy, x, w, p.eps, centered=False, plus_one=other),
+        "missing": record_terms(dy, x, None, p.eps, centered=False),
+    }
+    t = conventions["correct"]
+    # Each model in units of the audited terms' scale.
+    result = fit_dx(got.dx, {k: [model_dx(terms, mean_path=0.0)]
+                             for k, terms in conventions.items()},
+                    p.tol(d), t)
+    expected = "dy * (1 + weight)" if p.op.plus_one else "dy * weight"
+    wrong = "dy * weight" if p.op.plus_one else "dy * (1 + weight)"
+    figure = f"closest: {result.best} ({result.scores[result.best]:.2g} x tol)"
+    if result.fits("correct"):
+        return CheckResult("scale", PASS, figure, f"dx is computed from g = {expected}")
+    if result.fits("convention") and not result.fits("missing"):
+        return CheckResult("scale", FAIL, figure,
+                           f"dweight of the wrong convention carried into dx: the backward "
+                           f"computes g = {wrong} where the forward scales by {expected[5:]} "
+                           f"(convention={p.op.convention!r}); dx must use g = {expected}")
+    if result.fits("missing") and not result.fits("convention"):
+        return CheckResult("scale", FAIL, figure,
+                           f"weight missing from dx: the backward uses g = dy; it must be "
+                           f"g = {expected}")
+    return CheckResult("scale", FAIL, figure,
+                       "dx " + _no_fit("weight convention", result))
+
+
+_shared("param_grads", "each record adds dy * xhat to dweight (right sign)")
+_shared("param_sums", "dweight summed over every record (all leading axes)")
+_shared("coupling")
+_shared("state")
+_shared("float16_overflow")
+_shared("nonfinite")
+_shared("param_invariance", "dweight bit for bit the same for any record order, batch layout "
+                            "and thread count (warning by default)")
+
+#: The names of the RMSNorm backward checks, in the order they run.
+RMS_BACKWARD_CHECKS: Tuple[str, ...] = tuple(RMS_BACKWARD_REGISTRY)
