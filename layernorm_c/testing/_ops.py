@@ -148,7 +148,7 @@ def is_float(dtype: np.dtype[Any]) -> bool:
 
 def unit_roundoff(dtype: npt.DTypeLike) -> float:
     """Half the spacing of the dtype at 1 (2^-8 for bfloat16)."""
-    dt = np.dtype(dtype)
+    dt: np.dtype[Any] = np.dtype(dtype)
     bf16 = bfloat16()
     if bf16 is not None and dt == bf16:
         return 2.0 ** -8
