@@ -330,3 +330,49 @@ def test_rms_backward_options():
                              signature="dy, x, weight, eps -> dx, dweight, dbias")
     assert RMSNormBackwardAudit(layernorm_c.rms_norm_backward).eps == 1e-6
     assert "cancellation" not in RMS_BACKWARD_CHECKS and "scale" in RMS_BACKWARD_CHECKS
+
+
+# -- JAX and flax -----------------------------------------------------------------
+
+def _jax_rms_norm(eps_outside=False):
+    jax = pytest.importorskip("jax")
+    jnp = jax.numpy
+
+    def rms_norm(x, weight, eps):
+        h = x.astype(jnp.float32)
+        ms = jnp.mean(h * h, axis=-1, keepdims=True)
+        y = h / (jnp.sqrt(ms) + eps) if eps_outside else h * jax.lax.rsqrt(ms + eps)
+        return (y * weight).astype(x.dtype)
+
+    return rms_norm
+
+
+def test_jax_rms_norm_forward_and_vjp():
+    from layernorm_c.testing import from_jax
+
+    good, bad = _jax_rms_norm(), _jax_rms_norm(eps_outside=True)
+    report = RMSNormAudit(from_jax(good, "x, weight, eps")).run()
+    assert report.ok, str(report)
+    _assert_named(RMSNormAudit(bad, framework="jax").run(), "eps",
+                  ["eps outside the square root"], set())
+    back = RMSNormBackwardAudit(good, signature="x, weight, eps", framework="jax").run()
+    assert back.ok and "jax.vjp" in back.title, str(back)
+    bad_back = RMSNormBackwardAudit(bad, signature="x, weight, eps", framework="jax").run()
+    _assert_named(bad_back, "eps", ["eps outside the square root"], set())
+
+
+def test_flax_rms_norm_modules_pass():
+    pytest.importorskip("flax")
+    from flax import linen, nnx
+
+    for module in (linen.RMSNorm(), nnx.RMSNorm(64, rngs=nnx.Rngs(0))):
+        report = RMSNormAudit(module).run()
+        assert report.ok, str(report)
+        assert report.title.startswith("RMSNorm audit of flax.")
+    nnx_impl = RMSNormAudit(nnx.RMSNorm(32, epsilon=1e-5, rngs=nnx.Rngs(0))).impl
+    assert nnx_impl.d == 32 and nnx_impl.eps == 1e-5 and not nnx_impl.takes_eps
+    # A linen LayerNorm is audited by the LayerNorm battery with its scale and bias.
+    from layernorm_c.testing import LayerNormAudit
+
+    impl = LayerNormAudit(linen.LayerNorm()).impl
+    assert impl.takes_weight and impl.takes_bias and impl.framework == "jax"

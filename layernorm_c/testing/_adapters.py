@@ -158,7 +158,7 @@ def _framework_of(fn: Any) -> Literal["numpy", "torch", "jax"]:
                               or _is_torch_rms_norm(torch, fn)):
         return "torch"
     module = getattr(type(fn), "__module__", "") or ""
-    if module.split(".")[0] in ("jax", "jaxlib"):
+    if module.split(".")[0] in ("jax", "jaxlib", "flax"):
         return "jax"
     return "numpy"
 
@@ -214,8 +214,10 @@ def adapt(fn: Any, signature: Optional[str] = None, framework: Framework = "auto
         What ``fn`` takes and returns. ``'numpy'`` passes NumPy arrays and
         reads the result with ``np.asarray`` (anything array-like works);
         ``'torch'`` passes CPU tensors; ``'jax'`` passes ``jax.numpy``
-        arrays. ``'auto'`` (default) picks torch for an ``nn.Module`` or
-        ``F.layer_norm``, jax for a jitted function, numpy otherwise.
+        arrays. ``'auto'`` (default) picks torch for an ``nn.Module``,
+        ``F.layer_norm`` or ``F.rms_norm``, jax for a jitted function or a
+        flax module (``linen`` or ``nnx``: its ``scale`` and ``bias`` are set
+        to each check's parameters, its ``epsilon`` used), numpy otherwise.
     name : str, optional
         How reports name ``fn``; default its qualified name.
     d : int, optional
@@ -264,6 +266,8 @@ def adapt(fn: Any, signature: Optional[str] = None, framework: Framework = "auto
         framework = _framework_of(fn)
     if framework == "torch":
         impl = _adapt_torch(fn, signature)
+    elif framework == "jax" and _flax_kind(fn) is not None:
+        impl = _adapt_flax(fn)
     else:
         convert_in = _jax_converter() if framework == "jax" else _numpy_in
         impl = _adapt_function(fn, signature or DEFAULT_SIGNATURE, convert_in, _numpy_out)
@@ -284,6 +288,58 @@ def _jax_converter() -> Callable[[npt.NDArray[Any]], Any]:
     jnp = importlib.import_module("jax.numpy")
     convert: Callable[[npt.NDArray[Any]], Any] = jnp.asarray
     return convert
+
+
+def _flax_kind(fn: Any) -> Optional[str]:
+    """``'linen'`` or ``'nnx'`` for a flax module, else None (flax is not
+    imported unless it already is)."""
+    flax = sys.modules.get("flax")
+    if flax is None:
+        return None
+    linen = sys.modules.get("flax.linen")
+    nnx = sys.modules.get("flax.nnx")
+    if linen is not None and isinstance(fn, linen.Module):
+        return "linen"
+    if nnx is not None and isinstance(fn, nnx.Module):
+        return "nnx"
+    return None
+
+
+def _adapt_flax(module: Any) -> Implementation:
+    """A flax normalization module (linen or nnx: ``LayerNorm``,
+    ``RMSNorm``...): its ``scale`` and ``bias`` (where it has them) replaced
+    by each check's parameters, its own ``epsilon``. An nnx module is
+    audited through a private copy and has a fixed feature size."""
+    jnp = importlib.import_module("jax.numpy")
+    kind = _flax_kind(module)
+    eps = float(getattr(module, "epsilon", 1e-6))
+    takes_weight = bool(getattr(module, "use_scale", True))
+    takes_bias = bool(getattr(module, "use_bias", False))
+    d: Optional[int] = None
+    if kind == "nnx":
+        module = copy.deepcopy(module)
+        takes_weight = getattr(module, "scale", None) is not None
+        takes_bias = getattr(module, "bias", None) is not None
+        features = getattr(module, "num_features", None)
+        d = None if features is None else int(features)
+
+    # A linen module's apply is jitted (compiled once per shape and dtype).
+    apply = (importlib.import_module("jax").jit(
+        lambda params, x: module.apply({"params": params}, x)) if kind == "linen" else None)
+
+    def call(x: npt.NDArray[Any], w: Optional[npt.NDArray[Any]], b: Optional[npt.NDArray[Any]],
+             _eps: float) -> npt.NDArray[Any]:
+        given = {k: jnp.asarray(v) for k, v in (("scale", w), ("bias", b)) if v is not None}
+        if apply is None:
+            for k, v in given.items():
+                getattr(module, k).set_value(v)
+            y = module(jnp.asarray(x))
+        else:
+            y = apply(given, jnp.asarray(x))
+        return _converted(y, np.asarray)
+
+    return Implementation(call, f"flax.{kind}.{type(module).__name__}", takes_weight, takes_bias,
+                          False, eps, d, framework="jax")
 
 
 def _adapt_function(fn: Callable[..., Any], signature: str,
