@@ -220,6 +220,13 @@ def test_bfloat16_tolerance_comes_from_its_precision():
     assert RMSNormAudit(layernorm_c.rms_norm, dtype="bfloat16").tolerance == tol
     report = LayerNormAudit(layernorm_c.layer_norm, dtype="bfloat16").run()
     assert report.ok and "bfloat16" in report.title, str(report)
+    from layernorm_c.testing import LayerNormBackwardAudit
+
+    back = LayerNormBackwardAudit(layernorm_c.layer_norm_backward, dtype="bfloat16").run()
+    assert back.ok and not back.warnings, str(back)
+    # The backward's tolerance is the forward's of bfloat16 (widened with d for dx).
+    assert LayerNormBackwardAudit(layernorm_c.layer_norm_backward,
+                                  dtype="bfloat16").tolerance.params == tol
 
 
 # -- the backward's float64 reference -------------------------------------------
@@ -276,29 +283,33 @@ from layernorm_c.testing import (RMS_BACKWARD_CHECKS, RMSNormBackwardAudit,  # n
 
 BACKWARD_GALLERY = [
     (bgallery.mean_path_included, "paths", ["mean path wrongly included", "-rstd * mean(g)"],
-     {"scale"}),
-    (bgallery.rms_constant, "paths", ["the root mean square treated as a constant"], {"scale"}),
+     set()),
+    (bgallery.rms_constant, "paths", ["the root mean square treated as a constant"], set()),
     (bgallery.eps_outside_sqrt, "eps", ["eps outside the square root",
                                         "1 / (sqrt(mean(x^2)) + eps)"], set()),
-    (bgallery.plus_one_scale, "scale", ["of the wrong convention", "g = dy * (1 + weight)"],
-     None),
+    (bgallery.plus_one_scale, "scale", ["the wrong weight convention",
+                                        "g = dy * (1 + weight)"], None),
     (bgallery.dweight_negated, "param_grads", ["sign error in dweight"], set()),
 ]
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16"]
+                         + (["bfloat16"] if BF16 is not None else []))
 @pytest.mark.parametrize("impl, check, words, others", BACKWARD_GALLERY,
                          ids=[g[0].__name__ for g in BACKWARD_GALLERY])
-def test_backward_gallery_defect_is_named(impl, check, words, others):
-    _assert_named(RMSNormBackwardAudit(impl).run(), check, words, others)
+def test_backward_gallery_defect_is_named(impl, check, words, others, dtype):
+    _assert_named(RMSNormBackwardAudit(impl, dtype=dtype).run(), check, words, others)
 
 
 def test_backward_convention_mistaken_the_other_way():
     report = RMSNormBackwardAudit(bgallery.correct, convention="1+weight").run()
-    _assert_named(report, "scale", ["of the wrong convention", "g = dy * weight where"], None)
+    _assert_named(report, "scale", ["the wrong weight convention", "g = dy * weight where"],
+                  None)
     assert RMSNormBackwardAudit(bgallery.gemma, convention="1+weight").run().ok
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float64", "float16"])
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16"]
+                         + (["bfloat16"] if BF16 is not None else []))
 def test_correct_rms_backwards_pass(dtype):
     for fn, convention in ((bgallery.correct, "weight"), (bgallery.gemma, "1+weight"),
                            (layernorm_c.rms_norm_backward, "weight"),

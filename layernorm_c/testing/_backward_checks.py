@@ -31,6 +31,7 @@ from ._backward_probe import BackwardProbe
 from ._checks import (COUPLING_DEFECTS, OFFSETS, _coupling_kind, _fmt_index, _fmt_indices,
                       _fmt_row, _growth_per_decade, _identical, _standard_rows)
 from ._numerics import Fit, fit, ulp_distance
+from ._ops import is_float, unit_roundoff
 from ._probe import ImplementationError, Param
 from ._report import FAIL, PASS, SKIP, WARN, CheckResult
 
@@ -201,7 +202,7 @@ def check_contract(p: BackwardProbe) -> CheckResult:
     if bad:
         return CheckResult("contract", FAIL, figure,
                            f"non-finite {' and '.join(bad)} for finite, well-scaled input")
-    kinds = [k for k, v in outputs.items() if v is not None and v.dtype.kind != "f"]
+    kinds = [k for k, v in outputs.items() if v is not None and not is_float(v.dtype)]
     if kinds:
         return CheckResult("contract", FAIL, figure,
                            f"{' and '.join(kinds)} not floating point: gradients are real "
@@ -1000,7 +1001,7 @@ def check_cancellation(p: BackwardProbe) -> CheckResult:
     rng = p.rng("cancellation")
     z = _standard_rows(rng, 8, d)
     dy = p.cast(rng.standard_normal((8, d)))
-    unit = float(np.finfo(p.dtype).eps) / 2
+    unit = unit_roundoff(p.dtype)
     w, b = p.identity_params(d)
     tol = p.tol(d)
     errors: List[float] = []

@@ -14,7 +14,7 @@ from ._adapters import OutputError
 from ._backward_adapters import BackwardImplementation, Grads
 from ._backward_numerics import BackwardTolerance, Terms, backward_tolerance, record_terms
 from ._numerics import Tolerance
-from ._ops import LAYER_NORM, Op
+from ._ops import LAYER_NORM, Op, is_float
 from ._probe import ImplementationError, Param, ProbeBase, _describe, _first_line
 
 __all__ = ["BackwardProbe"]
@@ -111,12 +111,12 @@ class BackwardProbe(ProbeBase[BackwardImplementation]):
                     f"{x.shape}: a parameter gradient has the parameter's shape "
                     f"{x.shape[-1:]}, summed over every record (the param_sums check names "
                     "the axes it was summed over)", f"{name} shape {a.shape}")
-            if a is not None and a.dtype.kind not in "fiu":
+            if a is not None and a.dtype.kind not in "iu" and not is_float(a.dtype):
                 raise ImplementationError(f"{self.impl.name} returned {name} of dtype "
                                           f"{a.dtype}; expected real numbers",
                                           f"{name} {a.dtype}")
             out[name] = a
-        if dx.dtype.kind not in "fiu":
+        if dx.dtype.kind not in "iu" and not is_float(dx.dtype):
             raise ImplementationError(f"{self.impl.name} returned dx of dtype {dx.dtype}; "
                                       "expected real numbers", f"dx {dx.dtype}")
         return Grads(dx, out["dweight"], out["dbias"])

@@ -116,24 +116,32 @@ def check_scale(p: BackwardProbe) -> CheckResult:
         "missing": record_terms(dy, x, None, p.eps, centered=False),
     }
     t = conventions["correct"]
-    # Each model in units of the audited terms' scale.
-    result = fit_dx(got.dx, {k: [model_dx(terms, mean_path=0.0)]
-                             for k, terms in conventions.items()},
-                    p.tol(d), t)
+    # Each convention with each structure of dx (the paths check's
+    # business), in units of the audited terms' scale: a defect of the paths
+    # does not blur this one.
+    models = {(k, path): [model_dx(terms, mean_path=a, var_path=v, sign=sg)]
+              for k, terms in conventions.items()
+              for path, (a, v, sg) in RMS_PATH_MODELS.items()}
+    result = fit_dx(got.dx, models, p.tol(d), t)
+    fitting = {k for k, path in result.scores if result.fits((k, path))}
     expected = "dy * (1 + weight)" if p.op.plus_one else "dy * weight"
     wrong = "dy * weight" if p.op.plus_one else "dy * (1 + weight)"
-    figure = f"closest: {result.best} ({result.scores[result.best]:.2g} x tol)"
-    if result.fits("correct"):
+    figure = f"closest: {result.best[0]} ({result.scores[result.best]:.2g} x tol)"
+    if "correct" in fitting:
         return CheckResult("scale", PASS, figure, f"dx is computed from g = {expected}")
-    if result.fits("convention") and not result.fits("missing"):
+    if fitting == {"convention"}:
         return CheckResult("scale", FAIL, figure,
-                           f"dweight of the wrong convention carried into dx: the backward "
-                           f"computes g = {wrong} where the forward scales by {expected[5:]} "
+                           f"the wrong weight convention in the backward: it computes "
+                           f"g = {wrong} where the forward scales by {expected[5:]} "
                            f"(convention={p.op.convention!r}); dx must use g = {expected}")
-    if result.fits("missing") and not result.fits("convention"):
+    if fitting == {"missing"}:
         return CheckResult("scale", FAIL, figure,
                            f"weight missing from dx: the backward uses g = dy; it must be "
                            f"g = {expected}")
+    if fitting:
+        return CheckResult("scale", FAIL, figure,
+                           "dx is wrong, and the tolerance is too loose to tell which weight "
+                           f"convention it uses: it fits {' and '.join(sorted(fitting))}")
     return CheckResult("scale", FAIL, figure,
                        "dx " + _no_fit("weight convention", result))
 
