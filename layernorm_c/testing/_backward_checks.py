@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 from numpy.typing import NDArray
@@ -30,7 +30,7 @@ from ._backward_numerics import BackwardTolerance, Terms, decompose_dx, model_dx
 from ._backward_probe import BackwardProbe
 from ._checks import (COUPLING_DEFECTS, OFFSETS, _coupling_kind, _fmt_index, _fmt_indices,
                       _fmt_row, _growth_per_decade, _identical, _standard_rows)
-from ._numerics import Fit, fit, ulp_distance
+from ._numerics import K, Fit, fit, ulp_distance
 from ._ops import is_float, unit_roundoff
 from ._probe import ImplementationError, Param
 from ._report import FAIL, PASS, SKIP, WARN, CheckResult
@@ -432,8 +432,8 @@ def check_paths(p: BackwardProbe) -> CheckResult:
                                        "variance", result), values)
 
 
-def fit_dx(got: NDArray[Any], models: Dict[str, List[NDArray[Any]]], tol: BackwardTolerance,
-           t: Terms) -> Fit[str]:
+def fit_dx(got: NDArray[Any], models: Mapping[K, List[NDArray[Any]]], tol: BackwardTolerance,
+           t: Terms) -> Fit[K]:
     """:func:`~._numerics.fit` of dx in units of each record's scale."""
     s = t.scale
     return fit([got / s], {k: [m / s for m in v] for k, v in models.items()}, tol.dx)
