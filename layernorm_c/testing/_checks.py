@@ -174,30 +174,38 @@ HAND_ROWS = WORKED_EXAMPLES
 
 @_check("hand_rows", "the worked examples [1, 2, 3, 4] and [10, 12, 8, 14]")
 def check_hand_rows(p: Probe) -> CheckResult:
+    return hand_rows(p, [(ex.row, f"{_fmt_numbers(ex.row)} (mean {ex.mean:g}, variance "
+                                  f"{ex.var:g})") for ex in HAND_ROWS])
+
+
+def hand_rows(p: Probe, examples: Sequence[Tuple[Sequence[float], str]]) -> CheckResult:
+    """The worked examples ``(record, how a report describes it)``, repeated
+    to the feature size (a multiple of 4), at eps 0 where the implementation
+    takes eps, scale 1."""
     d = p.d(4)
     if d % 4:
+        sizes = " and ".join(str(n) for n in sorted({len(row) for row, _ in examples}))
         return CheckResult("hand_rows", SKIP, f"d={d}",
-                           f"the worked examples have 4 features; the fixed d={d} is not a "
-                           "multiple of 4 to repeat them")
+                           f"the worked examples have {sizes} features; the fixed d={d} is not "
+                           "a multiple of 4 to repeat them")
     eps = 0.0 if p.impl.takes_eps else p.eps
-    x = p.cast([np.tile(row, d // 4) for row, *_ in HAND_ROWS])
+    x = p.cast([np.tile(row, d // len(row)) for row, _ in examples])
     got = p.rows(x, *p.identity_params(d), eps=eps)
-    want = p.reference(x, eps=eps)
+    want = p.reference(x, *p.identity_params(d), eps=eps)
     bad = np.flatnonzero(_record_errors(p, got, want) > 1)
     figure = f"max error {_max_abs_error(got, want):.2g}"
     if len(bad):
         # Enough decimals to show a difference the tolerance cares about.
         decimals = max(6, math.ceil(-math.log10(p.tol.atol)) + 1) if p.tol.atol > 0 else 6
         wrong = "; ".join(
-            f"{_fmt_numbers(HAND_ROWS[i][0])} (mean {HAND_ROWS[i][1]:g}, variance "
-            f"{HAND_ROWS[i][2]:g}) gave {_fmt_row(got[i], decimals=decimals)} instead of "
+            f"{examples[i][1]} gave {_fmt_row(got[i], decimals=decimals)} instead of "
             f"{_fmt_row(want[i], decimals=decimals)}" for i in bad)
         return CheckResult("hand_rows", FAIL, figure,
                            f"wrong on the worked examples at eps={eps:g}: {wrong}. The checks "
                            "below name the likely cause")
-    return CheckResult("hand_rows", PASS, figure,
-                       f"[1, 2, 3, 4] -> {_fmt_row(got[0])} and [10, 12, 8, 14] -> "
-                       f"{_fmt_row(got[1])} at eps={eps:g}")
+    shown = " and ".join(f"{_fmt_numbers(row)} -> {_fmt_row(got[i])}"
+                         for i, (row, _) in enumerate(examples))
+    return CheckResult("hand_rows", PASS, figure, f"{shown} at eps={eps:g}")
 
 
 @_check("reference", "agreement with reference_layer_norm (float64) on random data")

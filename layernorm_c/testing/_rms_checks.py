@@ -21,10 +21,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from .._cases import RMS_WORKED_EXAMPLES
-from ._checks import (REGISTRY, Check, _check, _fmt_numbers, _fmt_row, _identical,
-                      float16_overflow,
-                      _max_abs_error, _no_fit, _record_errors, _scale_ratio,
-                      _standard_rows, _unrepeatable)
+from ._checks import (REGISTRY, Check, _check, _fmt_numbers, _identical, _no_fit, _scale_ratio,
+                      _standard_rows, _unrepeatable, float16_overflow, hand_rows)
 from ._numerics import RMS_EPS_MODES, TOLERANCES, Fit, fit, model_rms_norm
 from ._ops import bfloat16, unit_roundoff
 from ._probe import ImplementationError, Param, Params, Probe
@@ -153,29 +151,8 @@ _shared("contract")
 
 @_check("hand_rows", "the worked examples [3, 4] and [1, 2, 3, 4]", RMS_REGISTRY)
 def check_hand_rows(p: Probe) -> CheckResult:
-    d = p.d(4)
-    if d % 4:
-        return CheckResult("hand_rows", SKIP, f"d={d}",
-                           f"the worked examples have 2 and 4 features; the fixed d={d} is not "
-                           "a multiple of 4 to repeat them")
-    eps = 0.0 if p.impl.takes_eps else p.eps
-    x = p.cast([np.tile(ex.row, d // len(ex.row)) for ex in RMS_WORKED_EXAMPLES])
-    got = p.rows(x, *p.identity_params(d), eps=eps)
-    want = p.reference(x, eps=eps)
-    bad = np.flatnonzero(_record_errors(p, got, want) > 1)
-    figure = f"max error {_max_abs_error(got, want):.2g}"
-    if len(bad):
-        decimals = max(6, math.ceil(-math.log10(p.tol.atol)) + 1) if p.tol.atol > 0 else 6
-        wrong = "; ".join(
-            f"{_fmt_numbers(RMS_WORKED_EXAMPLES[i].row)} (mean square "
-            f"{RMS_WORKED_EXAMPLES[i].ms:g}) gave {_fmt_row(got[i], decimals=decimals)} instead "
-            f"of {_fmt_row(want[i], decimals=decimals)}" for i in bad)
-        return CheckResult("hand_rows", FAIL, figure,
-                           f"wrong on the worked examples at eps={eps:g}: {wrong}. The checks "
-                           "below name the likely cause")
-    return CheckResult("hand_rows", PASS, figure,
-                       f"[3, 4] -> {_fmt_row(got[0])} and [1, 2, 3, 4] -> {_fmt_row(got[1])} "
-                       f"at eps={eps:g}")
+    return hand_rows(p, [(ex.row, f"{_fmt_numbers(ex.row)} (mean square {ex.ms:g})")
+                         for ex in RMS_WORKED_EXAMPLES])
 
 
 _shared("reference", "agreement with reference_rms_norm (float64) on random data")
