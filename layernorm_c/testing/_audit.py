@@ -3,55 +3,61 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Any, Dict, Iterable, Optional, Sequence, Tuple
+from typing import Any, Iterable, List, Mapping, Optional, Sequence, Tuple, TypedDict
 
 import numpy as np
 import numpy.typing as npt
 
 from ._adapters import Framework, Implementation, LayerNormLike, adapt
 from ._checks import REGISTRY, Check, run_check
-from ._numerics import tolerance_for
-from ._ops import LAYER_NORM, Op, audit_dtype
+from ._numerics import Tolerance, tolerance_for
+from ._ops import LAYER_NORM, Convention, Op, audit_dtype, rms_norm_op
 from ._probe import Declared, Probe
-from ._report import AuditReport
+from ._report import AuditReport, CheckResult
 
-__all__ = ["ForwardAudit", "LayerNormAudit", "check_layer_norm", "LayerNormAuditWarning"]
+__all__ = ["Audit", "ForwardAudit", "RMSAudit", "AuditOptions", "RMSAuditOptions", "LayerNormAudit", "check_layer_norm", "LayerNormAuditWarning"]
 
 
 class LayerNormAuditWarning(UserWarning):
     """Issued by :func:`check_layer_norm` for each check that warned."""
 
 
-class ForwardAudit:
-    """What the forward batteries share (see :class:`LayerNormAudit` and
-    :class:`RMSNormAudit`): the implementation adapted, the options
-    resolved, one probe per check, the report."""
+class Audit:
+    """What every battery's audit shares (forward and backward, LayerNorm
+    and RMSNorm): the options resolved, one fresh probe per check, the
+    report. A subclass says which checks (:meth:`_registry`) and how one
+    runs (:meth:`_run_check`)."""
 
-    impl: Implementation
+    impl: Declared
     op: Op
+    kind: str = "audit"
 
-    def _setup(self, impl: Implementation, op: Op, dtype: npt.DTypeLike, eps: Optional[float],
-               default_eps: float, rtol: Optional[float], atol: Optional[float], seed: int,
+    def _setup(self, op: Op, dtype: npt.DTypeLike, eps: Optional[float], default_eps: float,
+               rtol: Optional[float], atol: Optional[float], seed: int,
                strict_batch_invariance: bool) -> None:
-        self.impl = impl
         self.op = op
         self.dtype: np.dtype[Any] = audit_dtype(dtype)
         self.eps = resolve_eps(self.impl, eps, default_eps)
-        self.tolerance = tolerance_for(self.dtype, rtol, atol)
+        #: The user's tolerance, or None for the defaults by dtype.
+        self.override: Optional[Tolerance] = (None if rtol is None and atol is None else
+                                              tolerance_for(self.dtype, rtol, atol))
         self.seed = int(seed)
         self.strict_batch_invariance = bool(strict_batch_invariance)
+
+    def _title_parts(self) -> List[str]:
+        return []
 
     @property
     def title(self) -> str:
         """What is audited and how, as the report's first line."""
-        parts = [str(self.dtype), f"eps={self.eps:g}"]
+        parts = [str(self.dtype), f"eps={self.eps:g}"] + self._title_parts()
         if self.impl.d is not None:
             parts.append(f"d={self.impl.d}")
         if self.impl.leading_shape is not None:
             parts.append(f"leading shape {self.impl.leading_shape}")
         if self.op.plus_one:
             parts.append("scale 1 + weight")
-        return f"{self.op.name} audit of {self.impl.name} ({', '.join(parts)})"
+        return f"{self.op.name} {self.kind} of {self.impl.name} ({', '.join(parts)})"
 
     def run(self, checks: Optional[Iterable[str]] = None) -> AuditReport:
         """Run the checks.
@@ -59,9 +65,9 @@ class ForwardAudit:
         Parameters
         ----------
         checks : iterable of str, optional
-            Names from the battery's checks (:data:`CHECKS`, or
-            :data:`RMS_CHECKS` for an RMSNorm) to run, in that order;
-            default all.
+            Names from the battery's checks (:data:`CHECKS`,
+            :data:`RMS_CHECKS`, :data:`BACKWARD_CHECKS` or
+            :data:`RMS_BACKWARD_CHECKS`) to run, in that order; default all.
 
         Returns
         -------
@@ -76,15 +82,82 @@ class ForwardAudit:
         names = selected_checks(checks, tuple(registry))
         # One probe per check, so each check sees fresh random streams and a
         # check's outcome does not depend on which others ran.
-        results = [run_check(n, self._probe(), registry) for n in names]
-        return AuditReport(self.title, results, self)
+        return AuditReport(self.title, [self._run_check(n, registry) for n in names], self)
 
-    def _registry(self) -> Dict[str, Check]:
+    def _registry(self) -> Mapping[str, Any]:
+        raise NotImplementedError
+
+    def _run_check(self, name: str, registry: Mapping[str, Any]) -> CheckResult:
+        raise NotImplementedError
+
+
+class ForwardAudit(Audit):
+    """What the forward batteries share (see :class:`LayerNormAudit` and
+    :class:`RMSNormAudit`)."""
+
+    impl: Implementation
+
+    @property
+    def tolerance(self) -> Tolerance:
+        """The tolerance for outputs of order 1."""
+        return self.override or tolerance_for(self.dtype)
+
+    def _registry(self) -> Mapping[str, Check]:
         return REGISTRY
+
+    def _run_check(self, name: str, registry: Mapping[str, Any]) -> CheckResult:
+        return run_check(name, self._probe(), registry)
 
     def _probe(self) -> Probe:
         return Probe(self.impl, self.dtype, self.eps, self.tolerance, self.seed,
                      self.strict_batch_invariance, self.op)
+
+
+class AuditOptions(TypedDict, total=False):
+    """The options every audit takes (``**options`` of the ``check_*``
+    functions)."""
+
+    signature: Optional[str]
+    framework: Framework
+    dtype: npt.DTypeLike
+    eps: Optional[float]
+    d: Optional[int]
+    leading_shape: Optional[Sequence[int]]
+    rtol: Optional[float]
+    atol: Optional[float]
+    seed: int
+    strict_batch_invariance: bool
+    name: Optional[str]
+
+
+class RMSAuditOptions(AuditOptions, total=False):
+    """An RMSNorm audit's options: those of every audit and the weight's
+    ``convention``."""
+
+    convention: Convention
+
+
+class RMSAudit(Audit):
+    """What the RMSNorm audits (forward and backward) share: their options,
+    the weight convention and eps 1e-6 by default. A subclass adapts ``fn``
+    (:meth:`_adapt`)."""
+
+    def __init__(self, fn: Any, *, convention: Convention = "weight",
+                 signature: Optional[str] = None, framework: Framework = "auto",
+                 dtype: npt.DTypeLike = "float32", eps: Optional[float] = None,
+                 d: Optional[int] = None, leading_shape: Optional[Sequence[int]] = None,
+                 rtol: Optional[float] = None, atol: Optional[float] = None, seed: int = 0,
+                 strict_batch_invariance: bool = False, name: Optional[str] = None) -> None:
+        op = rms_norm_op(convention)
+        self.convention: Convention = op.convention
+        self._adapt(fn, signature, framework, name, d, leading_shape)
+        self._setup(op, dtype, eps, 1e-6, rtol, atol, seed, strict_batch_invariance)
+
+    def _adapt(self, fn: Any, signature: Optional[str], framework: Framework,
+               name: Optional[str], d: Optional[int],
+               leading_shape: Optional[Sequence[int]]) -> None:
+        """Set ``self.impl`` (``self.convention`` is known)."""
+        raise NotImplementedError
 
 
 class LayerNormAudit(ForwardAudit):
@@ -140,8 +213,8 @@ class LayerNormAudit(ForwardAudit):
                  leading_shape: Optional[Sequence[int]] = None, rtol: Optional[float] = None,
                  atol: Optional[float] = None, seed: int = 0,
                  strict_batch_invariance: bool = False, name: Optional[str] = None) -> None:
-        self._setup(adapt(fn, signature, framework, name=name, d=d, leading_shape=leading_shape),
-                    LAYER_NORM, dtype, eps, 1e-5, rtol, atol, seed, strict_batch_invariance)
+        self.impl = adapt(fn, signature, framework, name=name, d=d, leading_shape=leading_shape)
+        self._setup(LAYER_NORM, dtype, eps, 1e-5, rtol, atol, seed, strict_batch_invariance)
 
 
 def check_layer_norm(fn: LayerNormLike, *, checks: Optional[Iterable[str]] = None,

@@ -3,27 +3,29 @@ gather a report (the same :class:`~._report.AuditReport` as the forward's)."""
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, Dict, Final, Iterable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Final, Iterable, List, Mapping, Optional, Sequence
 
 import numpy as np
 import numpy.typing as npt
 
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
 from ._adapters import Framework
-from ._audit import raise_on_failure, resolve_eps, selected_checks
+from ._audit import Audit, RMSAudit, RMSAuditOptions, raise_on_failure
 from ._backward_adapters import (BackwardImplementation, BackwardLike, Grads, _layernorm_c_threads,
                                  adapt_backward)
 from ._backward_checks import BACKWARD_REGISTRY, BackwardCheck, run_backward_check
 from ._backward_numerics import BackwardTolerance, backward_tolerance
 from ._backward_probe import BackwardProbe
-from ._numerics import Tolerance, tolerance_for
-from ._ops import LAYER_NORM, Convention, Op, audit_dtype, rms_norm_op
-from ._report import AuditReport
+from ._ops import LAYER_NORM, Convention
+from ._report import AuditReport, CheckResult
 
 __all__ = ["LayerNormBackwardAudit", "check_layer_norm_backward", "RMSNormBackwardAudit",
            "check_rms_norm_backward", "DEFAULT_RMS_BACKWARD_SIGNATURE"]
 
 
-class LayerNormBackwardAudit:
+class LayerNormBackwardAudit(Audit):
     """The validation battery for one LayerNorm backward.
 
     Parameters
@@ -78,6 +80,9 @@ class LayerNormBackwardAudit:
     True
     """
 
+    impl: BackwardImplementation
+    kind = "backward audit"
+
     def __init__(self, fn: BackwardLike, *, signature: Optional[str] = None,
                  framework: Framework = "auto", dtype: npt.DTypeLike = "float32",
                  eps: Optional[float] = None, d: Optional[int] = None,
@@ -88,63 +93,20 @@ class LayerNormBackwardAudit:
             fn, signature, framework, name=name, d=d, leading_shape=leading_shape)
         self._setup(LAYER_NORM, dtype, eps, 1e-5, rtol, atol, seed, strict_batch_invariance)
 
-    def _setup(self, op: Op, dtype: npt.DTypeLike, eps: Optional[float], default_eps: float,
-               rtol: Optional[float], atol: Optional[float], seed: int,
-               strict_batch_invariance: bool) -> None:
-        self.op = op
-        self.dtype: np.dtype[Any] = audit_dtype(dtype)
-        self.eps = resolve_eps(self.impl, eps, default_eps)
-        self.override: Optional[Tolerance] = None
-        if rtol is not None or atol is not None:
-            self.override = tolerance_for(self.dtype, rtol, atol)
-        self.seed = int(seed)
-        self.strict_batch_invariance = bool(strict_batch_invariance)
-
     @property
     def tolerance(self) -> BackwardTolerance:
         """The tolerance at the default d of the checks (64): for dx, and for
         the parameter gradients."""
         return backward_tolerance(self.dtype, 64, self.override)
 
-    @property
-    def title(self) -> str:
-        """What is audited and how, as the report's first line."""
-        parts = [str(self.dtype), f"eps={self.eps:g}"]
-        if self.impl.autodiff is not None:
-            parts.append(self.impl.autodiff)
-        if self.impl.d is not None:
-            parts.append(f"d={self.impl.d}")
-        if self.impl.leading_shape is not None:
-            parts.append(f"leading shape {self.impl.leading_shape}")
-        if self.op.plus_one:
-            parts.append("scale 1 + weight")
-        return f"{self.op.name} backward audit of {self.impl.name} ({', '.join(parts)})"
+    def _title_parts(self) -> List[str]:
+        return [] if self.impl.autodiff is None else [self.impl.autodiff]
 
-    def run(self, checks: Optional[Iterable[str]] = None) -> AuditReport:
-        """Run the checks.
-
-        Parameters
-        ----------
-        checks : iterable of str, optional
-            Names from :data:`~layernorm_c.testing.BACKWARD_CHECKS` to run,
-            in that order; default all.
-
-        Returns
-        -------
-        AuditReport
-
-        Raises
-        ------
-        ValueError
-            An unknown check name.
-        """
-        registry = self._registry()
-        names = selected_checks(checks, tuple(registry))
-        results = [run_backward_check(n, self._probe(), registry) for n in names]
-        return AuditReport(self.title, results, self)
-
-    def _registry(self) -> Dict[str, BackwardCheck]:
+    def _registry(self) -> Mapping[str, BackwardCheck]:
         return BACKWARD_REGISTRY
+
+    def _run_check(self, name: str, registry: Mapping[str, Any]) -> CheckResult:
+        return run_backward_check(name, self._probe(), registry)
 
     def _probe(self) -> BackwardProbe:
         return BackwardProbe(self.impl, self.dtype, self.eps, self.override, self.seed,
@@ -199,7 +161,7 @@ def check_layer_norm_backward(fn: BackwardLike, *, checks: Optional[Iterable[str
     return raise_on_failure(report, stacklevel=3)
 
 
-class RMSNormBackwardAudit(LayerNormBackwardAudit):
+class RMSNormBackwardAudit(RMSAudit, LayerNormBackwardAudit):
     """The validation battery for one RMSNorm backward.
 
     Parameters
@@ -233,32 +195,20 @@ class RMSNormBackwardAudit(LayerNormBackwardAudit):
     True
     """
 
-    def __init__(self, fn: BackwardLike, *, convention: Convention = "weight",
-                 signature: Optional[str] = None, framework: Framework = "auto",
-                 dtype: npt.DTypeLike = "float32", eps: Optional[float] = None,
-                 d: Optional[int] = None, leading_shape: Optional[Sequence[int]] = None,
-                 rtol: Optional[float] = None, atol: Optional[float] = None, seed: int = 0,
-                 strict_batch_invariance: bool = False, name: Optional[str] = None) -> None:
-        op = rms_norm_op(convention)
-        self.convention: Convention = op.convention
+    def _adapt(self, fn: BackwardLike, signature: Optional[str], framework: Framework,
+               name: Optional[str], d: Optional[int],
+               leading_shape: Optional[Sequence[int]]) -> None:
         self.impl = adapt_rms_backward(fn, signature, framework, name, d, leading_shape,
-                                       op.convention)
-        self._setup(op, dtype, eps, 1e-6, rtol, atol, seed, strict_batch_invariance)
+                                       self.convention)
 
-    def _registry(self) -> Dict[str, BackwardCheck]:
+    def _registry(self) -> Mapping[str, BackwardCheck]:
         from ._rms_backward_checks import RMS_BACKWARD_REGISTRY
 
         return RMS_BACKWARD_REGISTRY
 
 
 def check_rms_norm_backward(fn: BackwardLike, *, checks: Optional[Iterable[str]] = None,
-                            convention: Convention = "weight", signature: Optional[str] = None,
-                            framework: Framework = "auto", dtype: npt.DTypeLike = "float32",
-                            eps: Optional[float] = None, d: Optional[int] = None,
-                            leading_shape: Optional[Sequence[int]] = None,
-                            rtol: Optional[float] = None, atol: Optional[float] = None,
-                            seed: int = 0, strict_batch_invariance: bool = False,
-                            name: Optional[str] = None) -> AuditReport:
+                            **options: Unpack[RMSAuditOptions]) -> AuditReport:
     """Audit the RMSNorm backward ``fn`` and raise if any check fails.
 
     Parameters
@@ -269,10 +219,8 @@ def check_rms_norm_backward(fn: BackwardLike, *, checks: Optional[Iterable[str]]
     checks : iterable of str, optional
         Names from :data:`~layernorm_c.testing.RMS_BACKWARD_CHECKS`; default
         all.
-    convention, signature, framework, dtype, eps, d, leading_shape : optional
-        As for :class:`RMSNormBackwardAudit`.
-    rtol, atol, seed, strict_batch_invariance, name : optional
-        As for :class:`RMSNormBackwardAudit`.
+    **options
+        Those of :class:`RMSNormBackwardAudit`.
 
     Returns
     -------
@@ -291,11 +239,7 @@ def check_rms_norm_backward(fn: BackwardLike, *, checks: Optional[Iterable[str]]
     >>> check_rms_norm_backward(layernorm_c.rms_norm_backward, dtype="float64").ok
     True
     """
-    report = RMSNormBackwardAudit(
-        fn, convention=convention, signature=signature, framework=framework, dtype=dtype,
-        eps=eps, d=d, leading_shape=leading_shape, rtol=rtol, atol=atol, seed=seed,
-        strict_batch_invariance=strict_batch_invariance, name=name).run(checks)
-    return raise_on_failure(report, stacklevel=3)
+    return raise_on_failure(RMSNormBackwardAudit(fn, **options).run(checks), stacklevel=3)
 
 
 #: The default calling convention of an RMSNorm backward.

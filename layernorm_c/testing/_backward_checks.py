@@ -63,7 +63,7 @@ def _check(name: str, title: str, registry: Optional[Dict[str, BackwardCheck]] =
 
 
 def run_backward_check(name: str, probe: BackwardProbe,
-                       registry: Optional[Dict[str, BackwardCheck]] = None) -> CheckResult:
+                       registry: Optional[Mapping[str, BackwardCheck]] = None) -> CheckResult:
     """Run one backward check of ``registry`` (default LayerNorm's); an
     implementation that raises or returns a wrong shape fails it with that
     message."""

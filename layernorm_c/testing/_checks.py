@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 from numpy.typing import NDArray
@@ -48,7 +48,7 @@ def _check(name: str, title: str, registry: Optional[Dict[str, Check]] = None
     return register
 
 
-def run_check(name: str, probe: Probe, registry: Optional[Dict[str, Check]] = None
+def run_check(name: str, probe: Probe, registry: Optional[Mapping[str, Check]] = None
               ) -> CheckResult:
     """Run one check of ``registry`` (default the LayerNorm battery's); an
     implementation that raises or returns a wrong shape fails it with that
@@ -198,7 +198,7 @@ def hand_rows(p: Probe, examples: Sequence[Tuple[Sequence[float], str]]) -> Chec
         # Enough decimals to show a difference the tolerance cares about.
         decimals = max(6, math.ceil(-math.log10(p.tol.atol)) + 1) if p.tol.atol > 0 else 6
         wrong = "; ".join(
-            f"{examples[i][1]} gave {_fmt_row(got[i], decimals=decimals)} instead of "
+            f"{examples[int(i)][1]} gave {_fmt_row(got[i], decimals=decimals)} instead of "
             f"{_fmt_row(want[i], decimals=decimals)}" for i in bad)
         return CheckResult("hand_rows", FAIL, figure,
                            f"wrong on the worked examples at eps={eps:g}: {wrong}. The checks "

@@ -7,14 +7,13 @@ import html
 import textwrap
 from dataclasses import dataclass, field
 from typing import (TYPE_CHECKING, Any, Dict, Final, Iterator, List, Literal, Optional, Sequence,
-                    Tuple, Union)
+                    Tuple)
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes  # type: ignore[import-not-found, unused-ignore]
     from matplotlib.figure import Figure  # type: ignore[import-not-found, unused-ignore]
 
-    from ._audit import ForwardAudit
-    from ._backward_audit import LayerNormBackwardAudit
+    from ._audit import Audit
 
 __all__ = ["CheckResult", "AuditReport", "Status", "PASS", "FAIL", "WARN", "SKIP"]
 
@@ -86,7 +85,7 @@ class AuditReport:
     """
 
     def __init__(self, title: str, results: Sequence[CheckResult],
-                 audit: Optional[Union[ForwardAudit, LayerNormBackwardAudit]] = None) -> None:
+                 audit: Optional[Audit] = None) -> None:
         self.title = title
         self.results: List[CheckResult] = list(results)
         self.audit = audit

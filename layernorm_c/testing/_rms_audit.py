@@ -2,14 +2,15 @@
 the same :class:`~._report.AuditReport` as LayerNorm's."""
 from __future__ import annotations
 
-from typing import Any, Dict, Final, Iterable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Final, Iterable, Mapping, Optional, Sequence
 
-import numpy.typing as npt
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 from ._adapters import Framework, Implementation, LayerNormLike, adapt
-from ._audit import ForwardAudit, raise_on_failure
+from ._audit import ForwardAudit, RMSAudit, RMSAuditOptions, raise_on_failure
 from ._checks import Check
-from ._ops import Convention, rms_norm_op
+from ._ops import Convention
 from ._report import AuditReport
 from ._rms_checks import RMS_REGISTRY
 
@@ -45,7 +46,7 @@ def adapt_rms(fn: LayerNormLike, signature: Optional[str], framework: Framework,
     return impl
 
 
-class RMSNormAudit(ForwardAudit):
+class RMSNormAudit(RMSAudit, ForwardAudit):
     """The validation battery for one RMSNorm implementation.
 
     ``y = x / sqrt(mean(x^2) + eps) * weight`` over the last axis (or
@@ -87,29 +88,19 @@ class RMSNormAudit(ForwardAudit):
     True
     """
 
-    def __init__(self, fn: LayerNormLike, *, convention: Convention = "weight",
-                 signature: Optional[str] = None, framework: Framework = "auto",
-                 dtype: npt.DTypeLike = "float32", eps: Optional[float] = None,
-                 d: Optional[int] = None, leading_shape: Optional[Sequence[int]] = None,
-                 rtol: Optional[float] = None, atol: Optional[float] = None, seed: int = 0,
-                 strict_batch_invariance: bool = False, name: Optional[str] = None) -> None:
-        op = rms_norm_op(convention)
-        self.convention: Convention = op.convention
-        impl = adapt_rms(fn, signature, framework, name, d, leading_shape, op.convention)
-        self._setup(impl, op, dtype, eps, 1e-6, rtol, atol, seed, strict_batch_invariance)
+    impl: Implementation
 
-    def _registry(self) -> Dict[str, Check]:
+    def _adapt(self, fn: LayerNormLike, signature: Optional[str], framework: Framework,
+               name: Optional[str], d: Optional[int],
+               leading_shape: Optional[Sequence[int]]) -> None:
+        self.impl = adapt_rms(fn, signature, framework, name, d, leading_shape, self.convention)
+
+    def _registry(self) -> Mapping[str, Check]:
         return RMS_REGISTRY
 
 
 def check_rms_norm(fn: LayerNormLike, *, checks: Optional[Iterable[str]] = None,
-                   convention: Convention = "weight", signature: Optional[str] = None,
-                   framework: Framework = "auto", dtype: npt.DTypeLike = "float32",
-                   eps: Optional[float] = None, d: Optional[int] = None,
-                   leading_shape: Optional[Sequence[int]] = None, rtol: Optional[float] = None,
-                   atol: Optional[float] = None, seed: int = 0,
-                   strict_batch_invariance: bool = False,
-                   name: Optional[str] = None) -> AuditReport:
+                   **options: Unpack[RMSAuditOptions]) -> AuditReport:
     """Audit the RMSNorm ``fn`` and raise if any check fails.
 
     Parameters
@@ -119,22 +110,20 @@ def check_rms_norm(fn: LayerNormLike, *, checks: Optional[Iterable[str]] = None,
         :class:`RMSNormAudit`.
     checks : iterable of str, optional
         Names from :data:`RMS_CHECKS`; default all.
-    convention, signature, framework, dtype, eps, d, leading_shape : optional
-        As for :class:`RMSNormAudit`.
-    rtol, atol, seed, strict_batch_invariance, name : optional
-        As for :class:`RMSNormAudit`.
+    **options
+        Those of :class:`RMSNormAudit` (``convention``, ``signature``,
+        ``dtype``, ``eps``...).
 
     Returns
     -------
     AuditReport
-        When no check failed. Each warning is also issued as a
-        :class:`LayerNormAuditWarning`.
+        As :func:`check_layer_norm`: when no check failed, each warning
+        issued as a :class:`LayerNormAuditWarning`.
 
     Raises
     ------
     AssertionError
-        Some check failed; the message names each failure with its
-        diagnosis, then prints the whole report.
+        Some check failed, with each failure's diagnosis and the report.
 
     Examples
     --------
@@ -143,8 +132,4 @@ def check_rms_norm(fn: LayerNormLike, *, checks: Optional[Iterable[str]] = None,
     >>> check_rms_norm(layernorm_c.rms_norm, dtype="float64").ok
     True
     """
-    report = RMSNormAudit(fn, convention=convention, signature=signature, framework=framework,
-                          dtype=dtype, eps=eps, d=d, leading_shape=leading_shape, rtol=rtol,
-                          atol=atol, seed=seed, strict_batch_invariance=strict_batch_invariance,
-                          name=name).run(checks)
-    return raise_on_failure(report, stacklevel=3)
+    return raise_on_failure(RMSNormAudit(fn, **options).run(checks), stacklevel=3)
