@@ -242,12 +242,7 @@ def reference_layer_norm_backward(
     >>> g.dbias
     array([1., 0., 0., 0.])
     """
-    x = np.asarray(x, dtype=np.float64)
-    dy = np.asarray(dy, dtype=np.float64)
-    if dy.shape != x.shape:
-        raise ValueError(f"dy: expected the shape of x {x.shape}, got {dy.shape}")
-    axes = _axes(axis, x.ndim)
-    param_shape = [x.shape[a] if a in axes else 1 for a in range(x.ndim)]
+    x, dy, axes, param_shape = _backward_inputs(dy, x, axis)
     g = dy if weight is None else dy * np.asarray(weight, np.float64).reshape(param_shape)
     # As in the forward, each record of x is scaled by a power of two
     # (exact) that brings its largest magnitude near 1, and so is each
@@ -280,6 +275,18 @@ def reference_layer_norm_backward(
         dweight = _exact_sum(dy * xhat, records, norm_shape)
     dbias = _exact_sum(dy, records, norm_shape)
     return ReferenceGrads(dx, dweight, dbias)
+
+
+def _backward_inputs(dy: ArrayLike, x: ArrayLike, axis: Axis
+                     ) -> Tuple[NDArray[np.float64], NDArray[np.float64], Tuple[int, ...], List[int]]:
+    """A backward's x and dy in float64 (dy shaped like x), its normalized
+    axes and the shape a parameter broadcasts with."""
+    x64 = np.asarray(x, dtype=np.float64)
+    dy64 = np.asarray(dy, dtype=np.float64)
+    if dy64.shape != x64.shape:
+        raise ValueError(f"dy: expected the shape of x {x64.shape}, got {dy64.shape}")
+    axes = _axes(axis, x64.ndim)
+    return x64, dy64, axes, [x64.shape[a] if a in axes else 1 for a in range(x64.ndim)]
 
 
 def _exact_sum(terms: NDArray[np.float64], records: Tuple[int, ...],
@@ -367,12 +374,7 @@ def reference_rms_norm_backward(
     """
     if convention not in ("weight", "1+weight"):
         raise ValueError(f"convention: expected 'weight' or '1+weight', got {convention!r}")
-    x = np.asarray(x, dtype=np.float64)
-    dy = np.asarray(dy, dtype=np.float64)
-    if dy.shape != x.shape:
-        raise ValueError(f"dy: expected the shape of x {x.shape}, got {dy.shape}")
-    axes = _axes(axis, x.ndim)
-    param_shape = [x.shape[a] if a in axes else 1 for a in range(x.ndim)]
+    x, dy, axes, param_shape = _backward_inputs(dy, x, axis)
     g = dy
     if weight is not None:
         w = np.asarray(weight, np.float64).reshape(param_shape)

@@ -166,41 +166,13 @@ def layer_norm_backward_checks(exclude: Iterable[str] = ()) -> List[str]:
 
 
 def rms_norm_checks(exclude: Iterable[str] = ()) -> List[str]:
-    """RMSNorm check names for ``pytest.mark.parametrize``, minus ``exclude``.
-
-    Parameters
-    ----------
-    exclude : iterable of str, optional
-        Checks to leave out.
-
-    Returns
-    -------
-    list of str
-
-    Raises
-    ------
-    ValueError
-        An unknown name in ``exclude``.
-    """
+    """RMSNorm check names (:data:`RMS_CHECKS`) minus ``exclude``, as
+    :func:`layer_norm_checks` gives LayerNorm's (ValueError for an unknown
+    name)."""
     return _without(exclude, RMS_CHECKS)
 
 
 def rms_norm_backward_checks(exclude: Iterable[str] = ()) -> List[str]:
-    """RMSNorm backward check names for ``pytest.mark.parametrize``, minus
-    ``exclude``.
-
-    Parameters
-    ----------
-    exclude : iterable of str, optional
-        Checks to leave out.
-
-    Returns
-    -------
-    list of str
-
-    Raises
-    ------
-    ValueError
-        An unknown name in ``exclude``.
-    """
+    """RMSNorm backward check names (:data:`RMS_BACKWARD_CHECKS`) minus
+    ``exclude``, as :func:`layer_norm_checks` gives LayerNorm's."""
     return _without(exclude, RMS_BACKWARD_CHECKS)

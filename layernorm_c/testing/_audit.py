@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Any, Iterable, List, Mapping, Optional, Sequence, Tuple, TypedDict
+from typing import Any, ClassVar, Iterable, List, Mapping, Optional, Sequence, Tuple, TypedDict
 
 import numpy as np
 import numpy.typing as npt
@@ -31,6 +31,8 @@ class Audit:
     impl: Declared
     op: Op
     kind: str = "audit"
+    #: The battery's checks by name, in the order they run.
+    registry: ClassVar[Mapping[str, Any]]
 
     def _setup(self, op: Op, dtype: npt.DTypeLike, eps: Optional[float], default_eps: float,
                rtol: Optional[float], atol: Optional[float], seed: int,
@@ -78,16 +80,12 @@ class Audit:
         ValueError
             An unknown check name.
         """
-        registry = self._registry()
-        names = selected_checks(checks, tuple(registry))
+        names = selected_checks(checks, tuple(self.registry))
         # One probe per check, so each check sees fresh random streams and a
         # check's outcome does not depend on which others ran.
-        return AuditReport(self.title, [self._run_check(n, registry) for n in names], self)
+        return AuditReport(self.title, [self._run_check(n) for n in names], self)
 
-    def _registry(self) -> Mapping[str, Any]:
-        raise NotImplementedError
-
-    def _run_check(self, name: str, registry: Mapping[str, Any]) -> CheckResult:
+    def _run_check(self, name: str) -> CheckResult:
         raise NotImplementedError
 
 
@@ -102,11 +100,10 @@ class ForwardAudit(Audit):
         """The tolerance for outputs of order 1."""
         return self.override or tolerance_for(self.dtype)
 
-    def _registry(self) -> Mapping[str, Check]:
-        return REGISTRY
+    registry: ClassVar[Mapping[str, Check]] = REGISTRY
 
-    def _run_check(self, name: str, registry: Mapping[str, Any]) -> CheckResult:
-        return run_check(name, self._probe(), registry)
+    def _run_check(self, name: str) -> CheckResult:
+        return run_check(name, self._probe(), self.registry)
 
     def _probe(self) -> Probe:
         return Probe(self.impl, self.dtype, self.eps, self.tolerance, self.seed,

@@ -3,7 +3,7 @@ gather a report (the same :class:`~._report.AuditReport` as the forward's)."""
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Final, Iterable, List, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Final, Iterable, List, Mapping, Optional, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -18,6 +18,7 @@ from ._backward_adapters import (BackwardImplementation, BackwardLike, Grads, _l
 from ._backward_checks import BACKWARD_REGISTRY, BackwardCheck, run_backward_check
 from ._backward_numerics import BackwardTolerance, backward_tolerance
 from ._backward_probe import BackwardProbe
+from ._rms_backward_checks import RMS_BACKWARD_REGISTRY
 from ._ops import LAYER_NORM, Convention
 from ._report import AuditReport, CheckResult
 
@@ -82,6 +83,7 @@ class LayerNormBackwardAudit(Audit):
 
     impl: BackwardImplementation
     kind = "backward audit"
+    registry: ClassVar[Mapping[str, BackwardCheck]] = BACKWARD_REGISTRY
 
     def __init__(self, fn: BackwardLike, *, signature: Optional[str] = None,
                  framework: Framework = "auto", dtype: npt.DTypeLike = "float32",
@@ -102,11 +104,8 @@ class LayerNormBackwardAudit(Audit):
     def _title_parts(self) -> List[str]:
         return [] if self.impl.autodiff is None else [self.impl.autodiff]
 
-    def _registry(self) -> Mapping[str, BackwardCheck]:
-        return BACKWARD_REGISTRY
-
-    def _run_check(self, name: str, registry: Mapping[str, Any]) -> CheckResult:
-        return run_backward_check(name, self._probe(), registry)
+    def _run_check(self, name: str) -> CheckResult:
+        return run_backward_check(name, self._probe(), self.registry)
 
     def _probe(self) -> BackwardProbe:
         return BackwardProbe(self.impl, self.dtype, self.eps, self.override, self.seed,
@@ -195,16 +194,14 @@ class RMSNormBackwardAudit(RMSAudit, LayerNormBackwardAudit):
     True
     """
 
+    registry: ClassVar[Mapping[str, BackwardCheck]] = RMS_BACKWARD_REGISTRY
+
     def _adapt(self, fn: BackwardLike, signature: Optional[str], framework: Framework,
                name: Optional[str], d: Optional[int],
                leading_shape: Optional[Sequence[int]]) -> None:
         self.impl = adapt_rms_backward(fn, signature, framework, name, d, leading_shape,
                                        self.convention)
 
-    def _registry(self) -> Mapping[str, BackwardCheck]:
-        from ._rms_backward_checks import RMS_BACKWARD_REGISTRY
-
-        return RMS_BACKWARD_REGISTRY
 
 
 def check_rms_norm_backward(fn: BackwardLike, *, checks: Optional[Iterable[str]] = None,

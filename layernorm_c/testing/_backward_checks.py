@@ -29,6 +29,7 @@ from ._backward_adapters import Grads
 from ._backward_numerics import BackwardTolerance, Terms, decompose_dx, model_dx
 from ._backward_probe import BackwardProbe
 from ._checks import (COUPLING_DEFECTS, OFFSETS, _coupling_kind, _fmt_index, _fmt_indices,
+                      _no_eps, eps_probes,
                       _fmt_row, _growth_per_decade, _identical, _standard_rows)
 from ._numerics import K, Fit, fit, ulp_distance
 from ._ops import is_float, unit_roundoff
@@ -418,18 +419,25 @@ def check_paths(p: BackwardProbe) -> CheckResult:
         return CheckResult("paths", PASS, figure,
                            f"dx = {FORMULA}: the gradient flows through the mean and the "
                            f"variance{note}", values)
-    fitting = sorted({k for k in PATH_DEFECTS if result.fits(k)})
+    return path_defect(result, PATH_DEFECTS, FORMULA, "the mean and the variance", figure,
+                       values)
+
+
+def path_defect(result: Fit[str], defects: Mapping[str, str], formula: str, terms: str,
+                figure: str, values: Dict[str, Any]) -> CheckResult:
+    """The failed paths check: the one defect whose model fits, or why none
+    can be named (``terms``: what dx's terms go through, for the report)."""
+    fitting = sorted({k for k in defects if result.fits(k)})
     if len(fitting) == 1:
-        (key,) = fitting
-        return CheckResult("paths", FAIL, figure,
-                           f"{PATH_DEFECTS[key]}; dx must be {FORMULA}", values)
+        return CheckResult("paths", FAIL, figure, f"{defects[fitting[0]]}; dx must be {formula}",
+                           values)
     if fitting:
         return CheckResult("paths", FAIL, figure,
                            "dx is wrong, and the tolerance is too loose to tell which defect: it "
-                           f"fits {' and '.join(fitting)}; dx must be {FORMULA}", values)
+                           f"fits {' and '.join(fitting)}; dx must be {formula}", values)
     return CheckResult("paths", FAIL, figure,
-                       "dx " + _no_fit("combination of the terms through g, the mean and the "
-                                       "variance", result), values)
+                       "dx " + _no_fit(f"combination of the terms through g, {terms}", result),
+                       values)
 
 
 def fit_dx(got: NDArray[Any], models: Mapping[K, List[NDArray[Any]]], tol: BackwardTolerance,
@@ -541,13 +549,9 @@ COMMON_EPS = (1e-12, 1e-8, 1e-6, 1e-5, 1e-3)
 
 @_check("eps", "the backward uses the forward's eps, inside the square root")
 def check_eps(p: BackwardProbe) -> CheckResult:
-    if p.impl.takes_eps:
-        eps_values = sorted({e for e in (p.eps, 0.1, 1.0) if e > 0})
-    elif p.eps > 0:
-        eps_values = [p.eps]
-    else:
-        return CheckResult("eps", SKIP, "eps=0",
-                           "the implementation takes no eps and uses eps=0: nothing to probe")
+    eps_values = eps_probes(p)
+    if not eps_values:
+        return _no_eps()
     d = p.d(16)
     if d < 4:
         return CheckResult("eps", SKIP, f"d={d}", "needs at least 4 features")

@@ -19,7 +19,7 @@ from numpy.typing import NDArray
 from .._cases import WORKED_EXAMPLES
 from ._numerics import EPS_MODES, TOLERANCES, Fit, fit, model_layer_norm, ulp_distance
 from ._ops import is_float, unit_roundoff
-from ._probe import ImplementationError, Param, Probe
+from ._probe import ImplementationError, Param, Probe, ProbeBase
 from ._report import FAIL, PASS, SKIP, WARN, CheckResult
 
 __all__ = ["Check", "CHECKS", "REGISTRY", "run_check"]
@@ -321,6 +321,19 @@ def check_variance(p: Probe) -> CheckResult:
                                  f"({sample:.4f})", result), values)
 
 
+def eps_probes(p: ProbeBase[Any]) -> List[float]:
+    """The eps values an eps check probes: the audit's, 0.1 and 1 where the
+    implementation takes eps, else its own; none when that is 0."""
+    if p.impl.takes_eps:
+        return sorted({e for e in (p.eps, 0.1, 1.0) if e > 0})
+    return [p.eps] if p.eps > 0 else []
+
+
+def _no_eps() -> CheckResult:
+    return CheckResult("eps", SKIP, "eps=0",
+                       "the implementation takes no eps and uses eps=0: nothing to probe")
+
+
 #: How each eps placement reads in a report.
 EPS_FORMULAS = {
     "variance": "(x - mean) / sqrt(var + eps)",
@@ -337,13 +350,9 @@ EPS_DEFECTS = {
 
 @_check("eps", "eps added once, to the variance, inside the square root")
 def check_eps(p: Probe) -> CheckResult:
-    if p.impl.takes_eps:
-        eps_values = sorted({e for e in (p.eps, 0.1, 1.0) if e > 0})
-    elif p.eps > 0:
-        eps_values = [p.eps]
-    else:
-        return CheckResult("eps", SKIP, "eps=0",
-                           "the implementation takes no eps and uses eps=0: nothing to probe")
+    eps_values = eps_probes(p)
+    if not eps_values:
+        return _no_eps()
     d = p.d(16)
     rng = p.rng("eps")
     # Records whose variance is 0.01, 0.1, 1 and 10 times eps: there the

@@ -2,7 +2,7 @@
 the same :class:`~._report.AuditReport` as LayerNorm's."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Final, Iterable, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Final, Iterable, Mapping, Optional, Sequence
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -89,14 +89,13 @@ class RMSNormAudit(RMSAudit, ForwardAudit):
     """
 
     impl: Implementation
+    registry: ClassVar[Mapping[str, Check]] = RMS_REGISTRY
 
     def _adapt(self, fn: LayerNormLike, signature: Optional[str], framework: Framework,
                name: Optional[str], d: Optional[int],
                leading_shape: Optional[Sequence[int]]) -> None:
         self.impl = adapt_rms(fn, signature, framework, name, d, leading_shape, self.convention)
 
-    def _registry(self) -> Mapping[str, Check]:
-        return RMS_REGISTRY
 
 
 def check_rms_norm(fn: LayerNormLike, *, checks: Optional[Iterable[str]] = None,

@@ -18,7 +18,7 @@ from typing import Dict, Tuple
 import numpy as np
 
 from ._backward_checks import (BACKWARD_REGISTRY, BackwardCheck, _check, _designed_records,
-                               _no_fit, fit_dx)
+                               _no_fit, fit_dx, path_defect)
 from ._backward_numerics import decompose_dx, model_dx, record_terms
 from ._backward_probe import BackwardProbe
 from ._report import FAIL, PASS, SKIP, CheckResult
@@ -84,17 +84,8 @@ def check_paths(p: BackwardProbe) -> CheckResult:
         return CheckResult("paths", PASS, figure,
                            f"dx = {RMS_FORMULA}: the gradient flows through the mean square, "
                            "and through no mean", values)
-    fitting = sorted(k for k in RMS_PATH_DEFECTS if result.fits(k))
-    if len(fitting) == 1:
-        return CheckResult("paths", FAIL, figure,
-                           f"{RMS_PATH_DEFECTS[fitting[0]]}; dx must be {RMS_FORMULA}", values)
-    if fitting:
-        return CheckResult("paths", FAIL, figure,
-                           "dx is wrong, and the tolerance is too loose to tell which defect: it "
-                           f"fits {' and '.join(fitting)}; dx must be {RMS_FORMULA}", values)
-    return CheckResult("paths", FAIL, figure,
-                       "dx " + _no_fit("combination of the terms through g, a mean and the mean "
-                                       "square", result), values)
+    return path_defect(result, RMS_PATH_DEFECTS, RMS_FORMULA, "a mean and the mean square",
+                       figure, values)
 
 
 _shared("eps", "the backward uses the forward's eps, inside the square root")

@@ -15,14 +15,15 @@ blame a second one.
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 from numpy.typing import NDArray
 
 from .._cases import RMS_WORKED_EXAMPLES
 from ._checks import (REGISTRY, Check, _check, _fmt_numbers, _identical, _no_fit, _scale_ratio,
-                      _standard_rows, _unrepeatable, float16_overflow, hand_rows)
+                      _no_eps, _standard_rows, _unrepeatable, eps_probes, float16_overflow,
+                      hand_rows)
 from ._numerics import RMS_EPS_MODES, TOLERANCES, Fit, fit, model_rms_norm
 from ._ops import bfloat16, unit_roundoff
 from ._probe import ImplementationError, Param, Params, Probe
@@ -88,20 +89,6 @@ def _norm_fit(p: Probe, xs: Sequence[NDArray[Any]], outputs: Sequence[NDArray[An
     return fit(list(outputs), models, p.tol)
 
 
-def _verdict(result: Fit[NormKey], dim: int, correct: Any) -> Tuple[str, List[Any]]:
-    """What the fit says of one dimension: ``('pass', [])`` when a model
-    with it correct fits; ``('defect', [value])`` when only models with one
-    wrong value fit; ``('ambiguous', values)``; ``('none', [])`` when no
-    model fits."""
-    fitting = [k for k in result.scores if result.fits(k)]
-    if any(k[dim] == correct for k in fitting):
-        return "pass", []
-    values = sorted({k[dim] for k in fitting}, key=str)
-    if not values:
-        return "none", []
-    return ("defect" if len(values) == 1 else "ambiguous"), values
-
-
 def _fmt_model(key: NormKey) -> str:
     centered, ddof, root, mode, _ = key
     top = "(x - mean)" if centered else "x"
@@ -138,10 +125,31 @@ def _measure(p: Probe, stream: str, d: int, offsets: bool = True
     return x, got, _norm_fit(p, [x], [got], [p.eps])
 
 
-def _ambiguous(name: str, figure: str, values: Sequence[Any], what: str) -> CheckResult:
-    return CheckResult(name, FAIL, figure,
-                       f"the output is wrong, and the tolerance is too loose to tell which "
-                       f"{what}: it fits {' and '.join(str(v) for v in values)}")
+def _decide(name: str, result: Fit[NormKey], dim: int, correct: Any, figure: str,
+            passed: str, named: Callable[[Any], str], nothing: str,
+            values: Optional[Dict[str, Any]] = None) -> CheckResult:
+    """A normalization check's result from the fit, by its own dimension of
+    the models: passed where a model with it correct fits, the defect
+    ``named(value)`` where only models with one wrong value fit."""
+    values = {**(values or {}), "scores": _scores(result)}
+    fitting = [k for k in result.scores if result.fits(k)]
+    if any(k[dim] == correct for k in fitting):
+        return CheckResult(name, PASS, figure, passed, values)
+    found = sorted({k[dim] for k in fitting}, key=str)
+    if len(found) == 1:
+        return CheckResult(name, FAIL, figure, named(found[0]), values)
+    if found:
+        return CheckResult(name, FAIL, figure,
+                           "the output is wrong, and the tolerance is too loose to tell which "
+                           f"defect it is: it fits {' and '.join(named(v) for v in found)}",
+                           values)
+    return CheckResult(name, FAIL, figure, nothing + _no_fit("model of these defects", result),
+                       values)
+
+
+def _scores(result: Fit[NormKey]) -> Dict[str, float]:
+    return {_fmt_model(k) + ("" if k[4] else " (other convention)"): v
+            for k, v in result.scores.items()}
 
 
 # -- the checks ----------------------------------------------------------------
@@ -165,30 +173,15 @@ def check_centering(p: Probe) -> CheckResult:
     if d < 2:
         return CheckResult("centering", SKIP, f"d={d}", "needs at least 2 features")
     x, got, result = _measure(p, "centering", d)
-    right, _ = _unit_scales(p)
     with np.errstate(all="ignore"):
-        mean_out = float(np.max(np.abs(got.mean(axis=-1)))) / right
-    figure = f"max |output mean| {mean_out:.2g}"
-    verdict, values = _verdict(result, 0, False)
-    if verdict == "pass":
-        return CheckResult("centering", PASS, figure,
-                           "the records' means are kept: x is not centred before scaling")
-    if verdict == "defect":
-        return CheckResult("centering", FAIL, figure,
-                           "mean subtracted: every record comes out with mean 0, as "
-                           "(x - mean) / sqrt(var + eps): that is a LayerNorm, not an RMSNorm, "
-                           f"which is {CORRECT_FORMULA} and keeps the mean",
-                           {"scores": _scores(result)})
-    if verdict == "ambiguous":
-        return _ambiguous("centering", figure, ["mean subtracted", "mean kept"],
-                          "defect it is")
-    return CheckResult("centering", FAIL, figure,
-                       _no_fit("RMSNorm or LayerNorm normalization", result))
-
-
-def _scores(result: Fit[NormKey]) -> Dict[str, float]:
-    return {_fmt_model(k) + ("" if k[4] else " (other convention)"): v
-            for k, v in result.scores.items()}
+        mean_out = float(np.max(np.abs(got.mean(axis=-1)))) / _unit_scales(p)[0]
+    return _decide("centering", result, 0, False, f"max |output mean| {mean_out:.2g}",
+                   "the records' means are kept: x is not centred before scaling",
+                   lambda centered: ("mean subtracted: every record comes out with mean 0, as "
+                                     "(x - mean) / sqrt(var + eps): that is a LayerNorm, not an "
+                                     f"RMSNorm, which is {CORRECT_FORMULA} and keeps the mean"
+                                     if centered else "mean kept"),
+                   "the output is neither an RMSNorm nor a LayerNorm: ")
 
 
 @_check("mean_square", "the mean square divides by d, not d - 1", RMS_REGISTRY)
@@ -197,26 +190,17 @@ def check_mean_square(p: Probe) -> CheckResult:
     if d < 2:
         return CheckResult("mean_square", SKIP, f"d={d}", "needs at least 2 features")
     x, got, result = _measure(p, "mean_square", d)
-    right, _ = _unit_scales(p)
     ratio = _scale_ratio(got, p.reference(x, *_unit_params(p, d)))
     sample = math.sqrt((d - 1) / d)
-    figure = f"output/reference {ratio:.4f} (d - 1 gives {sample:.4f})"
-    values = {"ratio": ratio, "sample_ratio": sample}
-    verdict, _ = _verdict(result, 1, 0)
-    if verdict == "pass":
-        return CheckResult("mean_square", PASS, figure, "mean square divides by d", values)
-    if verdict == "defect":
-        return CheckResult("mean_square", FAIL, figure,
-                           f"divided by d - 1: outputs are sqrt((d - 1)/d) = {sample:.4f} times "
-                           f"the reference at d={d}, as if the sum of squares were divided by "
-                           "d - 1 instead of d (a sample-variance habit); the mean square is "
-                           "sum(x^2) / d", values)
-    if verdict == "ambiguous":
-        return _ambiguous("mean_square", figure, ["d", "d - 1"], "denominator it is")
-    return CheckResult("mean_square", FAIL, figure,
-                       f"outputs are {ratio:.4f} times the reference; "
-                       + _no_fit("denominator, d (1) or d - 1 "
-                                 f"({sample:.4f})", result), values)
+    return _decide("mean_square", result, 1, 0,
+                   f"output/reference {ratio:.4f} (d - 1 gives {sample:.4f})",
+                   "mean square divides by d",
+                   lambda ddof: (f"divided by d - 1: outputs are sqrt((d - 1)/d) = {sample:.4f} "
+                                 f"times the reference at d={d}, as if the sum of squares were "
+                                 "divided by d - 1 instead of d (a sample-variance habit); the "
+                                 "mean square is sum(x^2) / d" if ddof else "divided by d"),
+                   f"outputs are {ratio:.4f} times the reference (d - 1 gives {sample:.4f}); ",
+                   {"ratio": ratio, "sample_ratio": sample})
 
 
 @_check("root", "divides by the square root of the mean square", RMS_REGISTRY)
@@ -231,21 +215,14 @@ def check_root(p: Probe) -> CheckResult:
     result = _norm_fit(p, [x], [got], [p.eps])
     want = p.reference(x, *_unit_params(p, d))
     low, high = _scale_ratio(got[0], want[0]), _scale_ratio(got[-1], want[-1])
-    figure = f"output/reference x{low:.3g} at mean square 1e-2, x{high:.3g} at 1e2"
-    verdict, _ = _verdict(result, 2, True)
-    if verdict == "pass":
-        return CheckResult("root", PASS, figure,
-                           "the output does not depend on the record's scale: divided by the "
-                           "root of the mean square")
-    if verdict == "defect":
-        return CheckResult("root", FAIL, figure,
-                           "square root missing: the output scales as 1 / x (it is "
-                           f"x / (mean(x^2) + eps)); RMSNorm divides by the root mean square, "
-                           f"{CORRECT_FORMULA}")
-    if verdict == "ambiguous":
-        return _ambiguous("root", figure, ["with", "without the square root"], "it is")
-    return CheckResult("root", FAIL, figure, _no_fit("normalization, with or without its "
-                                                     "square root", result))
+    return _decide("root", result, 2, True,
+                   f"output/reference x{low:.3g} at mean square 1e-2, x{high:.3g} at 1e2",
+                   "the output does not depend on the record's scale: divided by the root of "
+                   "the mean square",
+                   lambda root: ("divided by the root mean square" if root else
+                                 "square root missing: the output scales as 1 / x (it is "
+                                 "x / (mean(x^2) + eps)); RMSNorm divides by the root mean "
+                                 f"square, {CORRECT_FORMULA}"), "")
 
 
 #: How each eps placement reads in a report.
@@ -258,13 +235,9 @@ RMS_EPS_DEFECTS = {
 
 @_check("eps", "eps added once to the mean square, inside the square root", RMS_REGISTRY)
 def check_eps(p: Probe) -> CheckResult:
-    if p.impl.takes_eps:
-        eps_values = sorted({e for e in (p.eps, 0.1, 1.0) if e > 0})
-    elif p.eps > 0:
-        eps_values = [p.eps]
-    else:
-        return CheckResult("eps", SKIP, "eps=0",
-                           "the implementation takes no eps and uses eps=0: nothing to probe")
+    eps_values = eps_probes(p)
+    if not eps_values:
+        return _no_eps()
     d = p.d(16)
     rng = p.rng("eps")
     # Records whose mean square is 0.01, 0.1, 1 and 10 times eps.
@@ -278,22 +251,12 @@ def check_eps(p: Probe) -> CheckResult:
     result = _norm_fit(p, xs, outputs, eps_values)
     ratio = _scale_ratio(outputs[-1][2], p.reference(xs[-1][2], *unit, eps=eps_values[-1]))
     shown = ", ".join(f"{e:g}" for e in eps_values)
-    figure = f"ms = eps record x{ratio:.3f} of reference"
-    values = {"scores": _scores(result)}
-    verdict, found = _verdict(result, 3, "inside")
     where = f"on records with mean square 0.01 to 10 times eps (eps = {shown})"
-    if verdict == "pass":
-        return CheckResult("eps", PASS, figure,
-                           f"eps added to the mean square: {CORRECT_FORMULA} at eps = {shown}",
-                           values)
-    if verdict == "defect":
-        return CheckResult("eps", FAIL, figure,
-                           f"{RMS_EPS_DEFECTS[found[0]]} {where}; it must be {CORRECT_FORMULA}",
-                           values)
-    if verdict == "ambiguous":
-        return _ambiguous("eps", figure, [f"eps {v}" for v in found], "placement it is")
-    return CheckResult("eps", FAIL, figure, f"{where} " + _no_fit("eps placement", result),
-                       values)
+    return _decide("eps", result, 3, "inside", f"ms = eps record x{ratio:.3f} of reference",
+                   f"eps added to the mean square: {CORRECT_FORMULA} at eps = {shown}",
+                   lambda mode: (f"{RMS_EPS_DEFECTS[mode]} {where}; it must be {CORRECT_FORMULA}"
+                                 if mode in RMS_EPS_DEFECTS else "eps inside the square root"),
+                   f"{where}: ")
 
 
 #: The weight conventions and defects the scale check fits. ``{convention}``
@@ -375,7 +338,9 @@ def check_scale(p: Probe) -> CheckResult:
     if not fitting:
         return CheckResult("scale", FAIL, figure, _no_fit("known weight convention", result))
     if len(fitting) > 1:
-        return _ambiguous("scale", figure, fitting, "weight defect it is")
+        return CheckResult("scale", FAIL, figure,
+                           "the output is wrong, and the tolerance is too loose to tell which "
+                           f"weight defect it is: it fits {' and '.join(fitting)}")
     key = fitting[0]
     if key == "convention":
         return CheckResult("scale", FAIL, figure, _convention_words(p))
