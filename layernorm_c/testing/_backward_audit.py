@@ -206,28 +206,11 @@ class RMSNormBackwardAudit(RMSAudit, LayerNormBackwardAudit):
 
 def check_rms_norm_backward(fn: BackwardLike, *, checks: Optional[Iterable[str]] = None,
                             **options: Unpack[RMSAuditOptions]) -> AuditReport:
-    """Audit the RMSNorm backward ``fn`` and raise if any check fails.
-
-    Parameters
-    ----------
-    fn : callable or BackwardImplementation
-        ``fn(dy, x, weight, eps) -> (dx, dweight)`` by default; see
-        :class:`RMSNormBackwardAudit`.
-    checks : iterable of str, optional
-        Names from :data:`~layernorm_c.testing.RMS_BACKWARD_CHECKS`; default
-        all.
-    **options
-        Those of :class:`RMSNormBackwardAudit`.
-
-    Returns
-    -------
-    AuditReport
-        When no check failed.
-
-    Raises
-    ------
-    AssertionError
-        Some check failed, with each failure's diagnosis and the report.
+    """Audit the RMSNorm backward ``fn`` (``fn(dy, x, weight, eps) -> (dx,
+    dweight)`` by default) with the options of :class:`RMSNormBackwardAudit`
+    and ``checks`` from :data:`~layernorm_c.testing.RMS_BACKWARD_CHECKS`
+    (default all); return the report, or raise AssertionError with each
+    failure's diagnosis, as :func:`check_layer_norm_backward` does.
 
     Examples
     --------

@@ -19,14 +19,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 from numpy.typing import NDArray
 
 from .._cases import WORKED_EXAMPLES
 from ._backward_adapters import Grads
-from ._backward_numerics import BackwardTolerance, Terms, decompose_dx, model_dx
+from ._backward_numerics import (BackwardTolerance, Decomposition, Terms, decompose_dx,
+                                 model_dx)
 from ._backward_probe import BackwardProbe
 from ._checks import (COUPLING_DEFECTS, OFFSETS, _coupling_kind, _fmt_index, _fmt_indices,
                       _no_eps, eps_probes,
@@ -387,17 +388,11 @@ def _designed_records(p: BackwardProbe, stream: str, n: int, d: int,
 
 @_check("paths", "dx has the terms through the mean and the variance, with the right signs")
 def check_paths(p: BackwardProbe) -> CheckResult:
-    d = p.d(16)
-    if d < 4:
-        return CheckResult("paths", SKIP, f"d={d}",
-                           "needs at least 4 features to tell the three terms of dx apart")
-    dy, x, w, b, _ = _designed_records(p, "paths", 16, d)
-    got = p.rows(dy, x, w, b)
-    t = p.terms(dy, x, w)
-    dec = decompose_dx(got.dx, t)
+    read = read_paths(p)
+    if isinstance(read, CheckResult):
+        return read
+    d, got, t, dec = read
     tol = p.tol(d)
-    if not np.isfinite(got.dx).all():
-        return CheckResult("paths", FAIL, "non-finite dx", "non-finite dx for plain records")
     r_eff = dec.rstd[:, None]
     models = {k: [model_dx(t, rstd=r_eff, mean_path=a, var_path=v, sign=s)]
               for k, (a, v, s) in PATH_MODELS.items()}
@@ -421,6 +416,21 @@ def check_paths(p: BackwardProbe) -> CheckResult:
                            f"variance{note}", values)
     return path_defect(result, PATH_DEFECTS, FORMULA, "the mean and the variance", figure,
                        values)
+
+
+def read_paths(p: BackwardProbe) -> Union[CheckResult, Tuple[int, Grads, Terms, Decomposition]]:
+    """The paths checks' measurement: dx of designed records, their terms and
+    dx's decomposition (or why the check cannot go on)."""
+    d = p.d(16)
+    if d < 4:
+        return CheckResult("paths", SKIP, f"d={d}",
+                           "needs at least 4 features to tell the three terms of dx apart")
+    dy, x, w, b, _ = _designed_records(p, "paths", 16, d)
+    got = p.rows(dy, x, w, b)
+    if not np.isfinite(got.dx).all():
+        return CheckResult("paths", FAIL, "non-finite dx", "non-finite dx for plain records")
+    t = p.terms(dy, x, w)
+    return d, got, t, decompose_dx(got.dx, t)
 
 
 def path_defect(result: Fit[str], defects: Mapping[str, str], formula: str, terms: str,

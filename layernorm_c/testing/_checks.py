@@ -19,7 +19,7 @@ from numpy.typing import NDArray
 from .._cases import WORKED_EXAMPLES
 from ._numerics import EPS_MODES, TOLERANCES, Fit, fit, model_layer_norm, ulp_distance
 from ._ops import is_float, unit_roundoff
-from ._probe import ImplementationError, Param, Probe, ProbeBase
+from ._probe import ImplementationError, Param, Params, Probe, ProbeBase
 from ._report import FAIL, PASS, SKIP, WARN, CheckResult
 
 __all__ = ["Check", "CHECKS", "REGISTRY", "run_check"]
@@ -329,6 +329,25 @@ def eps_probes(p: ProbeBase[Any]) -> List[float]:
     return [p.eps] if p.eps > 0 else []
 
 
+def eps_runs(p: Probe, eps_values: Sequence[float], params: Params
+             ) -> Tuple[List[NDArray[Any]], List[NDArray[Any]], float]:
+    """For each eps, records whose variance (mean square: their mean is 0)
+    is 0.01, 0.1, 1 and 10 times eps, where the placements of eps differ by
+    up to a factor of ten, and the outputs with ``params``; and the output
+    over the reference of the record at eps itself (at the largest eps), as
+    a figure."""
+    d = p.d(16)
+    rng = p.rng("eps")
+    ratios = np.array([0.01, 0.1, 1.0, 10.0])
+    xs, outputs = [], []
+    for e in eps_values:
+        x = p.cast(_standard_rows(rng, len(ratios), d) * np.sqrt(ratios * e)[:, None])
+        xs.append(x)
+        outputs.append(p.rows(x, *params, eps=e))
+    ratio = _scale_ratio(outputs[-1][2], p.reference(xs[-1][2], *params, eps=eps_values[-1]))
+    return xs, outputs, ratio
+
+
 def _no_eps() -> CheckResult:
     return CheckResult("eps", SKIP, "eps=0",
                        "the implementation takes no eps and uses eps=0: nothing to probe")
@@ -353,20 +372,8 @@ def check_eps(p: Probe) -> CheckResult:
     eps_values = eps_probes(p)
     if not eps_values:
         return _no_eps()
-    d = p.d(16)
-    rng = p.rng("eps")
-    # Records whose variance is 0.01, 0.1, 1 and 10 times eps: there the
-    # placements of eps differ by up to a factor of ten.
-    ratios = np.array([0.01, 0.1, 1.0, 10.0])
-    identity = p.identity_params(d)
-    xs, outputs = [], []
-    for e in eps_values:
-        x = p.cast(_standard_rows(rng, len(ratios), d) * np.sqrt(ratios * e)[:, None])
-        xs.append(x)
-        outputs.append(p.rows(x, *identity, eps=e))
+    xs, outputs, ratio = eps_runs(p, eps_values, p.identity_params(p.d(16)))
     result = _convention_fit(p, xs, outputs, eps_values)
-    # The record with variance = eps at the largest eps, as a figure.
-    ratio = _scale_ratio(outputs[-1][2], p.reference(xs[-1][2], eps=eps_values[-1]))
     shown = ", ".join(f"{e:g}" for e in eps_values)
     figure = f"var = eps record x{ratio:.3f} of reference"
     values = {"scores": {f"{k[1]}, ddof={k[0]}": v for k, v in result.scores.items()}}

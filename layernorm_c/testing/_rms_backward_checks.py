@@ -18,10 +18,11 @@ from typing import Dict, Tuple
 import numpy as np
 
 from ._backward_checks import (BACKWARD_REGISTRY, BackwardCheck, _check, _designed_records,
-                               _no_fit, fit_dx, path_defect)
-from ._backward_numerics import decompose_dx, model_dx, record_terms
+                               _no_fit, fit_dx, path_defect, read_paths)
+from ._backward_numerics import model_dx, record_terms
 from ._backward_probe import BackwardProbe
-from ._report import FAIL, PASS, SKIP, CheckResult
+from ._report import FAIL, PASS, CheckResult
+from ._rms_checks import no_weight
 
 __all__ = ["RMS_BACKWARD_CHECKS", "RMS_BACKWARD_REGISTRY"]
 
@@ -61,16 +62,10 @@ _shared("reference", "agreement with reference_rms_norm_backward (float64) on ra
 @_check("paths", "dx has the term through the mean square, with the right sign, and none "
                  "through a mean", RMS_BACKWARD_REGISTRY)
 def check_paths(p: BackwardProbe) -> CheckResult:
-    d = p.d(16)
-    if d < 4:
-        return CheckResult("paths", SKIP, f"d={d}",
-                           "needs at least 4 features to tell the terms of dx apart")
-    dy, x, w, b, _ = _designed_records(p, "paths", 16, d)
-    got = p.rows(dy, x, w, b)
-    if not np.isfinite(got.dx).all():
-        return CheckResult("paths", FAIL, "non-finite dx", "non-finite dx for plain records")
-    t = p.terms(dy, x, w)
-    dec = decompose_dx(got.dx, t)
+    read = read_paths(p)
+    if isinstance(read, CheckResult):
+        return read
+    d, got, t, dec = read
     r_eff = dec.rstd[:, None]
     models = {k: [model_dx(t, rstd=r_eff, mean_path=a, var_path=v, sign=s)]
               for k, (a, v, s) in RMS_PATH_MODELS.items()}
@@ -95,7 +90,7 @@ _shared("eps", "the backward uses the forward's eps, inside the square root")
                  "1 + weight)", RMS_BACKWARD_REGISTRY)
 def check_scale(p: BackwardProbe) -> CheckResult:
     if not p.impl.takes_weight:
-        return CheckResult("scale", SKIP, "no weight", "the implementation takes no weight")
+        return no_weight("scale")
     d = p.d(16)
     dy, x, w, b, _ = _designed_records(p, "scale", 8, d)
     got = p.rows(dy, x, w, b)

@@ -22,7 +22,7 @@ from numpy.typing import NDArray
 
 from .._cases import RMS_WORKED_EXAMPLES
 from ._checks import (REGISTRY, Check, _check, _fmt_numbers, _identical, _no_fit, _scale_ratio,
-                      _no_eps, _standard_rows, _unrepeatable, eps_probes, float16_overflow,
+                      _no_eps, _standard_rows, _unrepeatable, eps_probes, eps_runs, float16_overflow,
                       hand_rows)
 from ._numerics import RMS_EPS_MODES, TOLERANCES, Fit, fit, model_rms_norm
 from ._ops import bfloat16, unit_roundoff
@@ -238,18 +238,8 @@ def check_eps(p: Probe) -> CheckResult:
     eps_values = eps_probes(p)
     if not eps_values:
         return _no_eps()
-    d = p.d(16)
-    rng = p.rng("eps")
-    # Records whose mean square is 0.01, 0.1, 1 and 10 times eps.
-    ratios = np.array([0.01, 0.1, 1.0, 10.0])
-    unit = _unit_params(p, d)
-    xs, outputs = [], []
-    for e in eps_values:
-        x = p.cast(_standard_rows(rng, len(ratios), d) * np.sqrt(ratios * e)[:, None])
-        xs.append(x)
-        outputs.append(p.rows(x, *unit, eps=e))
+    xs, outputs, ratio = eps_runs(p, eps_values, _unit_params(p, p.d(16)))
     result = _norm_fit(p, xs, outputs, eps_values)
-    ratio = _scale_ratio(outputs[-1][2], p.reference(xs[-1][2], *unit, eps=eps_values[-1]))
     shown = ", ".join(f"{e:g}" for e in eps_values)
     where = f"on records with mean square 0.01 to 10 times eps (eps = {shown})"
     return _decide("eps", result, 3, "inside", f"ms = eps record x{ratio:.3f} of reference",
@@ -274,6 +264,11 @@ SCALE_DEFECTS = {
 SCALE_FORMULAS = {"weight": "x_normed * weight", "1+weight": "x_normed * (1 + weight)"}
 
 
+def no_weight(name: str) -> CheckResult:
+    """A check of the weight, skipped: the implementation takes none."""
+    return CheckResult(name, SKIP, "no weight", "the implementation takes no weight")
+
+
 def _other_convention(p: Probe) -> str:
     return "weight" if p.op.plus_one else "1+weight"
 
@@ -292,7 +287,7 @@ def _convention_words(p: Probe) -> str:
                  "convention (weight or 1 + weight)", RMS_REGISTRY)
 def check_scale(p: Probe) -> CheckResult:
     if not p.impl.takes_weight:
-        return CheckResult("scale", SKIP, "no weight", "the implementation takes no weight")
+        return no_weight("scale")
     d = p.d(8)
     rng = p.rng("scale")
     # d records of d features: a weight broadcast over records still runs.
