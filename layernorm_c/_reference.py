@@ -151,6 +151,9 @@ def reference_rms_norm(
         denom = np.sqrt(ms + eps * scale * scale)
         if eps > 0:  # a record of zeros whose scaled eps underflowed: y is 0
             y = np.divide(xs, denom, out=np.zeros_like(xs), where=denom != 0)
+            # A tiny record whose scaled eps overflowed: its mean square is
+            # negligible beside eps, and y = x / sqrt(eps) (not 0).
+            y = np.where(np.isinf(denom), x / math.sqrt(eps), y)
         else:
             y = xs / denom
         ms = ms / scale / scale

@@ -260,6 +260,16 @@ def test_reference_rms_norm_backward_is_the_gradient(convention):
     np.testing.assert_allclose(mine.dx, got.dx, rtol=1e-12, atol=1e-14)
 
 
+def test_reference_rms_norm_of_a_tiny_record_is_x_over_sqrt_eps():
+    # The record is scaled by 2**997 for its sums; eps scaled as much
+    # overflows, and y must still be x / sqrt(eps), as layernorm_c computes.
+    x = np.array([[1e-300, -2e-300, 3e-300]])
+    want = x / np.sqrt(1e-6)
+    np.testing.assert_allclose(layernorm_c.reference_rms_norm(x, None, 1e-6).y, want,
+                               rtol=1e-12)
+    np.testing.assert_allclose(layernorm_c.rms_norm(x, None, 1e-6), want, rtol=1e-12)
+
+
 def test_reference_rms_norm_backward_sums_exactly_in_any_order():
     rng = np.random.default_rng(4)
     x = rng.standard_normal((500, 4)) * np.array([1e-8, 1.0, 1e8, 1.0])
