@@ -397,3 +397,13 @@ def test_flax_rms_norm_modules_pass():
 
     impl = LayerNormAudit(linen.LayerNorm()).impl
     assert impl.takes_weight and impl.takes_bias and impl.framework == "jax"
+
+
+def test_an_rms_report_renders_and_refuses_to_plot():
+    report = RMSNormAudit(gallery.sqrt_missing).run()
+    html = report._repr_html_()
+    assert 'data-status="fail"' in html and "square root missing" in html
+    assert report.summary().startswith(f"{len(RMS_CHECKS)} checks:")
+    pytest.importorskip("matplotlib")
+    with pytest.raises(ValueError, match="an RMSNorm audit's"):
+        report.plot()
