@@ -124,6 +124,12 @@ def rms_audit() -> None:
     grads: lnc.ReferenceRMSGrads = lnc.reference_rms_norm_backward(
         np.ones((1, 2)), np.array([[3.0, 4.0]]), None, 0.0, convention="weight")
     print(grads.dx.shape, grads.dweight.dtype)
+    # rms_norm's overloads: an array, or the result with the mean square.
+    x = np.array([[3.0, 4.0]], np.float32)
+    y: NDArray[Any] = lnc.rms_norm(x, np.ones(2, np.float32), 1e-6, convention="1+weight")
+    stats: lnc.RMSNormResult = lnc.rms_norm(x, return_stats=True)
+    rms_grads: lnc.RMSNormGrads = lnc.rms_norm_backward(np.ones_like(x), x, ms=stats.ms)
+    print(y.dtype, stats.ms.shape, rms_grads.dweight.shape)
 
 
 def main() -> None:
