@@ -1,8 +1,11 @@
 """The pytest plugin of layernorm_c.testing (documented as
 ``layernorm_c.testing.plugin``): the ``layer_norm_check`` and
-``layer_norm_audit`` fixtures and the ``layer_norm_checks`` marker, and
-their backward counterparts ``layer_norm_backward_check``,
-``layer_norm_backward_audit`` and ``layer_norm_backward_checks``.
+``layer_norm_audit`` fixtures and the ``layer_norm_checks`` marker, their
+backward counterparts ``layer_norm_backward_check``,
+``layer_norm_backward_audit`` and ``layer_norm_backward_checks``, and the
+same four for RMSNorm (``rms_norm_check``, ``rms_norm_audit``,
+``rms_norm_checks``; ``rms_norm_backward_check``,
+``rms_norm_backward_audit``, ``rms_norm_backward_checks``).
 
 The ``pytest11`` entry point loads this module in every pytest run of an
 environment where layernorm_c is installed, so it is a top-level module
@@ -19,7 +22,7 @@ turns it off. Usage: see :mod:`layernorm_c.testing.plugin`.
 from __future__ import annotations
 
 import warnings
-from typing import TYPE_CHECKING, Any, Callable, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 import pytest
 
@@ -30,30 +33,45 @@ FIXTURE = "layer_norm_check"
 MARKER = "layer_norm_checks"
 BACKWARD_FIXTURE = "layer_norm_backward_check"
 BACKWARD_MARKER = "layer_norm_backward_checks"
+RMS_FIXTURE = "rms_norm_check"
+RMS_MARKER = "rms_norm_checks"
+RMS_BACKWARD_FIXTURE = "rms_norm_backward_check"
+RMS_BACKWARD_MARKER = "rms_norm_backward_checks"
+
+#: Each battery: its per-check fixture, its marker, the names in
+#: layernorm_c.testing of its checks, audit class and check function, and
+#: how the marker's help names it.
+BATTERIES: Dict[str, Tuple[str, str, str, str, str]] = {
+    FIXTURE: (MARKER, "CHECKS", "LayerNormAudit", "check_layer_norm", "LayerNorm"),
+    BACKWARD_FIXTURE: (BACKWARD_MARKER, "BACKWARD_CHECKS", "LayerNormBackwardAudit",
+                       "check_layer_norm_backward", "LayerNorm backward"),
+    RMS_FIXTURE: (RMS_MARKER, "RMS_CHECKS", "RMSNormAudit", "check_rms_norm", "RMSNorm"),
+    RMS_BACKWARD_FIXTURE: (RMS_BACKWARD_MARKER, "RMS_BACKWARD_CHECKS", "RMSNormBackwardAudit",
+                           "check_rms_norm_backward", "RMSNorm backward"),
+}
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers",
-        f"{MARKER}(*names, exclude=()): the LayerNorm checks the {FIXTURE} fixture "
-        "runs (default: all of layernorm_c.testing.CHECKS)",
-    )
-    config.addinivalue_line(
-        "markers",
-        f"{BACKWARD_MARKER}(*names, exclude=()): the LayerNorm backward checks the "
-        f"{BACKWARD_FIXTURE} fixture runs (default: all of "
-        "layernorm_c.testing.BACKWARD_CHECKS)",
-    )
+    for fixture, (marker, checks, _, _, what) in BATTERIES.items():
+        config.addinivalue_line(
+            "markers",
+            f"{marker}(*names, exclude=()): the {what} checks the {fixture} fixture runs "
+            f"(default: all of layernorm_c.testing.{checks})",
+        )
 
 
-def _all_checks(backward: bool) -> List[str]:
-    from layernorm_c.testing import BACKWARD_CHECKS, CHECKS
+def _testing() -> Any:
+    import layernorm_c.testing
 
-    return list(BACKWARD_CHECKS if backward else CHECKS)
+    return layernorm_c.testing
 
 
-def _selected_checks(marker: Optional[pytest.Mark], backward: bool = False) -> List[str]:
-    known = _all_checks(backward)
+def _all_checks(fixture: str) -> List[str]:
+    return list(getattr(_testing(), BATTERIES[fixture][1]))
+
+
+def _selected_checks(marker: Optional[pytest.Mark], fixture: str = FIXTURE) -> List[str]:
+    known = _all_checks(fixture)
     if marker is None:
         return known
     chosen = list(marker.args) or known
@@ -62,7 +80,7 @@ def _selected_checks(marker: Optional[pytest.Mark], backward: bool = False) -> L
     if unknown:
         # A CollectError shows as its message, without a traceback.
         raise pytest.Collector.CollectError(
-            f"@pytest.mark.{BACKWARD_MARKER if backward else MARKER}: unknown checks "
+            f"@pytest.mark.{BATTERIES[fixture][0]}: unknown checks "
             f"{unknown}; expected names from {tuple(known)}")
     return [n for n in chosen if n not in exclude]
 
@@ -78,29 +96,34 @@ def _parametrized_by_user(metafunc: pytest.Metafunc, fixture: str = FIXTURE) -> 
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """One item per check for every test that requests ``layer_norm_check``
-    (or ``layer_norm_backward_check``: one per backward check)."""
-    for fixture, marker, backward in ((FIXTURE, MARKER, False),
-                                      (BACKWARD_FIXTURE, BACKWARD_MARKER, True)):
+    """One item per check for every test that requests one of the per-check
+    fixtures (``layer_norm_check``, ``rms_norm_check`` and their backward
+    counterparts)."""
+    for fixture, (marker, *_) in BATTERIES.items():
         if fixture in metafunc.fixturenames and not _parametrized_by_user(metafunc, fixture):
-            names = _selected_checks(metafunc.definition.get_closest_marker(marker), backward)
+            names = _selected_checks(metafunc.definition.get_closest_marker(marker), fixture)
             metafunc.parametrize(fixture, names, ids=names, indirect=True)
+
+
+def _audit_fixture(fixture: str) -> Callable[..., AuditReport]:
+    run = getattr(_testing(), BATTERIES[fixture][3])
+
+    def audit(fn: Any, **options: Any) -> AuditReport:
+        __tracebackhide__ = True
+        try:
+            report: AuditReport = run(fn, **options)
+            return report
+        except AssertionError as exc:
+            pytest.fail(str(exc), pytrace=False)
+
+    return audit
 
 
 @pytest.fixture
 def layer_norm_audit() -> Callable[..., AuditReport]:
     """``audit(fn, **options)``: run every check on ``fn``; fail the test
     with the diagnosis if any check fails, else return the report."""
-    from layernorm_c.testing import check_layer_norm
-
-    def audit(fn: Any, **options: Any) -> AuditReport:
-        __tracebackhide__ = True
-        try:
-            return check_layer_norm(fn, **options)
-        except AssertionError as exc:
-            pytest.fail(str(exc), pytrace=False)
-
-    return audit
+    return _audit_fixture(FIXTURE)
 
 
 @pytest.fixture
@@ -108,39 +131,44 @@ def layer_norm_backward_audit() -> Callable[..., AuditReport]:
     """``audit(fn, **options)``: run every backward check on the backward
     ``fn``; fail the test with the diagnosis if any check fails, else return
     the report."""
-    from layernorm_c.testing import check_layer_norm_backward
-
-    def audit(fn: Any, **options: Any) -> AuditReport:
-        __tracebackhide__ = True
-        try:
-            return check_layer_norm_backward(fn, **options)
-        except AssertionError as exc:
-            pytest.fail(str(exc), pytrace=False)
-
-    return audit
+    return _audit_fixture(BACKWARD_FIXTURE)
 
 
-def _one_check(request: pytest.FixtureRequest, fixture: str,
-               backward: bool) -> Callable[..., CheckResult]:
-    from layernorm_c.testing import LayerNormAuditWarning, LayerNormAudit, LayerNormBackwardAudit
+@pytest.fixture
+def rms_norm_audit() -> Callable[..., AuditReport]:
+    """``audit(fn, **options)``: run every RMSNorm check on ``fn`` (options
+    of ``RMSNormAudit``, ``convention=`` among them); fail the test with the
+    diagnosis if any check fails, else return the report."""
+    return _audit_fixture(RMS_FIXTURE)
 
+
+@pytest.fixture
+def rms_norm_backward_audit() -> Callable[..., AuditReport]:
+    """``audit(fn, **options)``: run every RMSNorm backward check on the
+    backward ``fn``; fail the test with the diagnosis if any fails, else
+    return the report."""
+    return _audit_fixture(RMS_BACKWARD_FIXTURE)
+
+
+def _one_check(request: pytest.FixtureRequest, fixture: str) -> Callable[..., CheckResult]:
+    testing = _testing()
     name = getattr(request, "param", None)
     if name is None:
         raise pytest.UsageError(f"the {fixture} fixture is parametrized over the checks by the "
                                 "layernorm_c plugin; parametrize it indirectly with check names")
-    kind = LayerNormBackwardAudit if backward else LayerNormAudit
+    kind = getattr(testing, BATTERIES[fixture][2])
 
     def check(fn: Any, **options: Any) -> CheckResult:
         __tracebackhide__ = True
         audit = kind(fn, **options)
-        result = audit.run([name]).results[0]
+        result: CheckResult = audit.run([name]).results[0]
         message = f"{result.diagnosis}\n[{audit.title}; {result.name}: {result.figure}]"
         if result.status == "fail":
             pytest.fail(message, pytrace=False)
         if result.status == "skip":
             pytest.skip(message)
         if result.status == "warn":
-            warnings.warn(message, LayerNormAuditWarning, stacklevel=2)
+            warnings.warn(message, testing.LayerNormAuditWarning, stacklevel=2)
         return result
 
     check.name = name  # type: ignore[attr-defined]
@@ -152,7 +180,7 @@ def layer_norm_check(request: pytest.FixtureRequest) -> Callable[..., CheckResul
     """``check(fn, **options)``: run this item's check (the fixture is
     parametrized over the checks) on ``fn``; fail, skip or warn with its
     diagnosis, return the :class:`~layernorm_c.testing.CheckResult`."""
-    return _one_check(request, FIXTURE, backward=False)
+    return _one_check(request, FIXTURE)
 
 
 @pytest.fixture
@@ -161,4 +189,20 @@ def layer_norm_backward_check(request: pytest.FixtureRequest) -> Callable[..., C
     is parametrized over the backward checks) on the backward ``fn``; fail,
     skip or warn with its diagnosis, return the
     :class:`~layernorm_c.testing.CheckResult`."""
-    return _one_check(request, BACKWARD_FIXTURE, backward=True)
+    return _one_check(request, BACKWARD_FIXTURE)
+
+
+@pytest.fixture
+def rms_norm_check(request: pytest.FixtureRequest) -> Callable[..., CheckResult]:
+    """``check(fn, **options)``: run this item's RMSNorm check (one item per
+    :data:`~layernorm_c.testing.RMS_CHECKS`) on ``fn``; fail, skip or warn
+    with its diagnosis, return the result."""
+    return _one_check(request, RMS_FIXTURE)
+
+
+@pytest.fixture
+def rms_norm_backward_check(request: pytest.FixtureRequest) -> Callable[..., CheckResult]:
+    """``check(fn, **options)``: run this item's RMSNorm backward check (one
+    item per :data:`~layernorm_c.testing.RMS_BACKWARD_CHECKS`) on the
+    backward ``fn``; fail, skip or warn with its diagnosis."""
+    return _one_check(request, RMS_BACKWARD_FIXTURE)

@@ -15,10 +15,12 @@ from ._layer import LayerNorm, RMSNorm
 from ._reference import (
     ReferenceGrads,
     ReferenceResult,
+    ReferenceRMSGrads,
     ReferenceRMSResult,
     reference_layer_norm,
     reference_layer_norm_backward,
     reference_rms_norm,
+    reference_rms_norm_backward,
 )
 from ._rms import (
     RMSNormGrads,
@@ -66,6 +68,8 @@ __all__ = [
     "ReferenceGrads",
     "reference_rms_norm",
     "ReferenceRMSResult",
+    "reference_rms_norm_backward",
+    "ReferenceRMSGrads",
     "get_isa",
     "set_isa",
     "supported_isas",

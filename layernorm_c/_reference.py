@@ -151,6 +151,9 @@ def reference_rms_norm(
         denom = np.sqrt(ms + eps * scale * scale)
         if eps > 0:  # a record of zeros whose scaled eps underflowed: y is 0
             y = np.divide(xs, denom, out=np.zeros_like(xs), where=denom != 0)
+            # A tiny record whose scaled eps overflowed: its mean square is
+            # negligible beside eps, and y = x / sqrt(eps) (not 0).
+            y = np.where(np.isinf(denom), x / math.sqrt(eps), y)
         else:
             y = xs / denom
         ms = ms / scale / scale
@@ -242,12 +245,7 @@ def reference_layer_norm_backward(
     >>> g.dbias
     array([1., 0., 0., 0.])
     """
-    x = np.asarray(x, dtype=np.float64)
-    dy = np.asarray(dy, dtype=np.float64)
-    if dy.shape != x.shape:
-        raise ValueError(f"dy: expected the shape of x {x.shape}, got {dy.shape}")
-    axes = _axes(axis, x.ndim)
-    param_shape = [x.shape[a] if a in axes else 1 for a in range(x.ndim)]
+    x, dy, axes, param_shape = _backward_inputs(dy, x, axis)
     g = dy if weight is None else dy * np.asarray(weight, np.float64).reshape(param_shape)
     # As in the forward, each record of x is scaled by a power of two
     # (exact) that brings its largest magnitude near 1, and so is each
@@ -282,6 +280,18 @@ def reference_layer_norm_backward(
     return ReferenceGrads(dx, dweight, dbias)
 
 
+def _backward_inputs(dy: ArrayLike, x: ArrayLike, axis: Axis
+                     ) -> Tuple[NDArray[np.float64], NDArray[np.float64], Tuple[int, ...], List[int]]:
+    """A backward's x and dy in float64 (dy shaped like x), its normalized
+    axes and the shape a parameter broadcasts with."""
+    x64 = np.asarray(x, dtype=np.float64)
+    dy64 = np.asarray(dy, dtype=np.float64)
+    if dy64.shape != x64.shape:
+        raise ValueError(f"dy: expected the shape of x {x64.shape}, got {dy64.shape}")
+    axes = _axes(axis, x64.ndim)
+    return x64, dy64, axes, [x64.shape[a] if a in axes else 1 for a in range(x64.ndim)]
+
+
 def _exact_sum(terms: NDArray[np.float64], records: Tuple[int, ...],
                norm_shape: Tuple[int, ...]) -> NDArray[np.float64]:
     """Per feature, the sum over ``records`` of ``terms``, exact and rounded
@@ -300,3 +310,100 @@ def _exact_sum(terms: NDArray[np.float64], records: Tuple[int, ...],
         except OverflowError:
             out.append(math.copysign(math.inf, float(np.sum(column / 2.0))))
     return np.array(out, dtype=np.float64).reshape(norm_shape)
+
+
+class ReferenceRMSGrads(NamedTuple):
+    """What :func:`reference_rms_norm_backward` returns, in float64."""
+
+    dx: NDArray[np.float64]
+    """The gradient with respect to ``x``, shaped like ``x``."""
+    dweight: NDArray[np.float64]
+    """The sum over records of ``dy * xhat``, shaped like the normalized axes
+    (the same for both conventions: d(1 + w)/dw = 1)."""
+
+
+def reference_rms_norm_backward(
+    dy: ArrayLike,
+    x: ArrayLike,
+    weight: Optional[ArrayLike] = None,
+    eps: float = 1e-6,
+    axis: Axis = -1,
+    convention: str = "weight",
+) -> ReferenceRMSGrads:
+    """The gradients of RMS normalization, computed in float64 with NumPy.
+
+    With ``rstd = 1 / sqrt(mean(x^2) + eps)``, ``xhat = x * rstd`` and
+    ``g = dy * scale`` (``scale = weight``, or ``1 + weight`` for
+    ``convention="1+weight"``), every record gets ::
+
+        dx = rstd * (g - xhat * mean(g * xhat))
+
+    and the weight's gradient is a sum over the records,
+    ``dweight = sum(dy * xhat)``, the same for both conventions. Each
+    product is rounded once to float64 and each sum is computed exactly and
+    rounded once (:func:`math.fsum`), so ``dweight`` does not depend on the
+    order of the records.
+
+    Parameters
+    ----------
+    dy : array_like
+        The gradient of the loss with respect to the forward's output,
+        shaped like ``x``.
+    x : array_like
+        The forward's input.
+    weight : array_like, optional
+        The forward's weight, shaped like the normalized axes; ``None``
+        means a scale of 1, whatever the convention.
+    eps : float, optional
+        The forward's eps, added to the mean square inside the square root.
+    axis : int or tuple of ints, optional
+        The normalized axis (or axes, jointly). Default -1.
+    convention : {'weight', '1+weight'}, optional
+        How the weight scales.
+
+    Returns
+    -------
+    ReferenceRMSGrads
+        ``(dx, dweight)`` in float64.
+
+    Examples
+    --------
+    >>> import numpy as np, layernorm_c as lnc
+    >>> g = lnc.reference_rms_norm_backward([[1.0, 0.0]], [[3.0, 4.0]], eps=0.0)
+    >>> np.round(g.dx * np.sqrt(12.5) ** 3, 12)   # (ms - x0^2 / 2, -x0 x1 / 2)
+    array([[ 8., -6.]])
+    >>> g.dweight
+    array([0.84852814, 0.        ])
+    """
+    if convention not in ("weight", "1+weight"):
+        raise ValueError(f"convention: expected 'weight' or '1+weight', got {convention!r}")
+    x, dy, axes, param_shape = _backward_inputs(dy, x, axis)
+    g = dy
+    if weight is not None:
+        w = np.asarray(weight, np.float64).reshape(param_shape)
+        g = dy * (1.0 + w if convention == "1+weight" else w)
+    # Records of x and of g scaled by powers of two (exact), as in the
+    # forward: no square or sum overflows or underflows.
+    scale = _record_scale(x, axes)
+    g_scale = _record_scale(g, axes)
+    with np.errstate(under="ignore", over="ignore", invalid="ignore", divide="ignore"):
+        xs = x * scale
+        ms = (xs * xs).mean(axis=axes, keepdims=True)
+        denom = np.sqrt(ms + eps * scale * scale)
+        if eps > 0:
+            # denom is infinite only where the scaled eps overflowed (a tiny
+            # record): there the mean square is negligible beside eps.
+            finite = np.isfinite(denom)
+            xhat = np.where(finite, xs / np.where(finite, denom, 1.0), x / math.sqrt(eps))
+            rstd = np.where(finite, scale / np.where(finite, denom, 1.0), 1.0 / math.sqrt(eps))
+        else:
+            xhat = xs / denom
+            rstd = scale / denom
+        gs = g * g_scale
+        mean_gx = (gs * xhat).mean(axis=axes, keepdims=True)
+        dx = (gs - xhat * mean_gx) * (rstd / g_scale)
+    records = tuple(a for a in range(x.ndim) if a not in axes)
+    norm_shape = tuple(x.shape[a] for a in axes)
+    with np.errstate(invalid="ignore", over="ignore"):
+        dweight = _exact_sum(dy * xhat, records, norm_shape)
+    return ReferenceRMSGrads(dx, dweight)

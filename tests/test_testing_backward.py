@@ -456,7 +456,7 @@ def test_backward_report_renders_and_refuses_to_plot():
     report = LayerNormBackwardAudit(gallery.sign_error).run(["paths", "state"])
     assert "data-status=\"fail\"" in report._repr_html_()
     assert "sign error" in report["paths"]._repr_html_()
-    with pytest.raises(ValueError, match="only a forward audit"):
+    with pytest.raises(ValueError, match="only a LayerNorm forward audit"):
         report.plot()
 
 

@@ -96,3 +96,32 @@ def test_end_to_end_in_a_subprocess():
     # reference_layer_norm returns a named tuple (y, mean, var), not an array.
     assert bad.returncode == 1
     assert "returned a ReferenceResult, which is not an array" in bad.stdout
+
+
+def test_rms_norm_op(capsys):
+    from layernorm_c.testing import RMS_BACKWARD_CHECKS, RMS_CHECKS
+
+    assert main(["--op", "rms_norm", "--list-checks"]) == 0
+    assert [line.split()[0] for line in capsys.readouterr().out.splitlines()] == list(RMS_CHECKS)
+    assert main(["--op", "rms_norm", "--backward", "--list-checks"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines] == list(RMS_BACKWARD_CHECKS)
+    assert main(["--op", "rms_norm", "layernorm_c:rms_norm", "--checks", "eps,scale"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("RMSNorm audit of layernorm_c:rms_norm (float32, eps=1e-06)")
+    assert main(["--op", "rms_norm", "--convention", "1+weight", "--dtype", "float16",
+                 "layernorm_c:rms_norm", "--checks", "scale"]) == 0
+    out = capsys.readouterr().out
+    assert "scale 1 + weight" in out and "scale   pass" in out.replace("scale  pass", "scale   pass")
+    assert main(["--op", "rms_norm", "--backward", "layernorm_c:rms_norm_backward",
+                 "--checks", "paths"]) == 0
+    assert "RMSNorm backward audit" in capsys.readouterr().out
+    # The checks are the op's: cancellation is LayerNorm's.
+    assert main(["--op", "rms_norm", "layernorm_c:rms_norm", "--checks", "cancellation"]) == 2
+    assert "unknown RMSNorm checks ['cancellation']" in capsys.readouterr().err
+    assert main(["--convention", "1+weight", "layernorm_c:layer_norm"]) == 2
+    assert "--convention goes with --op rms_norm" in capsys.readouterr().err
+    # A LayerNorm audited as an RMSNorm: its mean is subtracted.
+    assert main(["--op", "rms_norm", "--signature", "x, weight, *, eps",
+                 "layernorm_c:layer_norm", "--checks", "centering"]) == 1
+    assert "that is a LayerNorm" in capsys.readouterr().out

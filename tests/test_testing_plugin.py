@@ -259,3 +259,54 @@ def test_a_fixture_imports_layernorm_c_when_used(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "1 passed" in proc.stdout
     assert "layernorm_c._core" in json.loads(proc.stdout.splitlines()[-1])
+
+
+RMS_IMPLEMENTATIONS = '''
+import numpy as np
+import layernorm_c
+
+
+def ours(x, weight, eps):
+    return layernorm_c.rms_norm(x, weight, eps)
+
+
+def eps_outside(x, weight, eps):
+    x64 = x.astype(np.float64)
+    rms = np.sqrt((x64 * x64).mean(axis=-1, keepdims=True))
+    return (x64 / (rms + eps) * weight).astype(x.dtype)
+'''
+
+
+def test_rms_norm_fixtures_and_marker(pytester):
+    from layernorm_c.testing import RMS_BACKWARD_CHECKS, RMS_CHECKS
+
+    pytester.makepyfile(test_rms=RMS_IMPLEMENTATIONS + textwrap.dedent("""
+        import pytest
+
+        def test_ours(rms_norm_check):
+            rms_norm_check(ours)
+
+        @pytest.mark.rms_norm_checks("eps", "scale")
+        def test_broken(rms_norm_check):
+            rms_norm_check(eps_outside)
+
+        def test_whole(rms_norm_audit):
+            rms_norm_audit(eps_outside)
+
+        def test_gemma(rms_norm_audit):
+            import functools
+            rms_norm_audit(functools.partial(layernorm_c.rms_norm, convention="1+weight"),
+                           convention="1+weight")
+
+        @pytest.mark.rms_norm_backward_checks(exclude=["param_invariance"])
+        def test_backward(rms_norm_backward_check):
+            rms_norm_backward_check(layernorm_c.rms_norm_backward)
+
+        def test_backward_whole(rms_norm_backward_audit):
+            rms_norm_backward_audit(layernorm_c.rms_norm_backward)
+    """))
+    result = pytester.runpytest(*PLUGIN, "-v")
+    result.assert_outcomes(passed=len(RMS_CHECKS) + 1 + 1 + len(RMS_BACKWARD_CHECKS) - 1 + 1,
+                           failed=2)
+    result.stdout.fnmatch_lines(["*test_broken?eps? FAILED*", "*test_broken?scale? PASSED*",
+                                 "*eps outside the square root*"])

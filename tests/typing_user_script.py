@@ -14,7 +14,19 @@ from layernorm_c.testing import (
     BACKWARD_CHECKS,
     CHECKS,
     DEFAULT_BACKWARD_SIGNATURE,
+    DEFAULT_RMS_BACKWARD_SIGNATURE,
+    DEFAULT_RMS_SIGNATURE,
     DEFAULT_SIGNATURE,
+    RMS_BACKWARD_CHECKS,
+    RMS_CHECKS,
+    RMSNormAudit,
+    RMSNormBackwardAudit,
+    check_rms_norm,
+    check_rms_norm_backward,
+    describe_rms_backward_checks,
+    describe_rms_checks,
+    rms_norm_backward_checks,
+    rms_norm_checks,
     TOLERANCES,
     AuditReport,
     BackwardImplementation,
@@ -93,6 +105,33 @@ def backward_audit() -> None:
     print(impl.name, impl.returns_dweight)
 
 
+def my_rms_norm(x: NDArray[Any], weight: Optional[NDArray[Any]], eps: float) -> NDArray[Any]:
+    y: NDArray[Any] = x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps)
+    return y if weight is None else y * weight
+
+
+def rms_audit() -> None:
+    report: AuditReport = check_rms_norm(my_rms_norm, checks=["hand_rows", "eps"],
+                                         signature=DEFAULT_RMS_SIGNATURE)
+    print(report.summary(), describe_rms_checks().count("\n") + 1 == len(RMS_CHECKS))
+    gemma = RMSNormAudit(lnc.rms_norm, convention="1+weight", dtype="float64", eps=1e-6)
+    print(gemma.run(rms_norm_checks(exclude=["accumulation"])[:3]).ok, gemma.convention)
+    back: AuditReport = check_rms_norm_backward(lnc.rms_norm_backward, checks=["paths"])
+    audit = RMSNormBackwardAudit(lnc.reference_rms_norm_backward,
+                                 signature=DEFAULT_RMS_BACKWARD_SIGNATURE, dtype="float64")
+    print(back.ok, audit.run(rms_norm_backward_checks(exclude=["param_invariance"])[:2]).ok,
+          describe_rms_backward_checks().count("\n") + 1 == len(RMS_BACKWARD_CHECKS))
+    grads: lnc.ReferenceRMSGrads = lnc.reference_rms_norm_backward(
+        np.ones((1, 2)), np.array([[3.0, 4.0]]), None, 0.0, convention="weight")
+    print(grads.dx.shape, grads.dweight.dtype)
+    # rms_norm's overloads: an array, or the result with the mean square.
+    x = np.array([[3.0, 4.0]], np.float32)
+    y: NDArray[Any] = lnc.rms_norm(x, np.ones(2, np.float32), 1e-6, convention="1+weight")
+    stats: lnc.RMSNormResult = lnc.rms_norm(x, return_stats=True)
+    rms_grads: lnc.RMSNormGrads = lnc.rms_norm_backward(np.ones_like(x), x, ms=stats.ms)
+    print(y.dtype, stats.ms.shape, rms_grads.dweight.shape)
+
+
 def main() -> None:
     rng = np.random.default_rng(0)
     x = rng.standard_normal((4, 8)).astype(np.float32)
@@ -121,6 +160,7 @@ def main() -> None:
     print(tol.rtol, layer_norm_checks(exclude=["float16_overflow"])[:2])
     print(issubclass(LayerNormAuditWarning, UserWarning))
     backward_audit()
+    rms_audit()
 
 
 if __name__ == "__main__":

@@ -133,6 +133,12 @@ def _torch_out(y: Any) -> npt.NDArray[Any]:
     if hasattr(y, "detach"):
         y = y.detach().cpu()
         if str(y.dtype) == "torch.bfloat16":
+            from ._ops import bfloat16
+
+            bf16 = bfloat16()
+            if bf16 is not None:  # the same bits
+                torch = importlib.import_module("torch")
+                return np.asarray(y.contiguous().view(torch.int16).numpy()).view(bf16)
             y = y.float()
         return np.asarray(y.numpy())
     return np.asarray(y)
@@ -148,10 +154,11 @@ def _name_of(fn: Any) -> str:
 def _framework_of(fn: Any) -> Literal["numpy", "torch", "jax"]:
     """Guess the framework of ``fn`` without importing any."""
     torch = sys.modules.get("torch")
-    if torch is not None and (isinstance(fn, torch.nn.Module) or _is_torch_layer_norm(torch, fn)):
+    if torch is not None and (isinstance(fn, torch.nn.Module) or _is_torch_layer_norm(torch, fn)
+                              or _is_torch_rms_norm(torch, fn)):
         return "torch"
     module = getattr(type(fn), "__module__", "") or ""
-    if module.split(".")[0] in ("jax", "jaxlib"):
+    if module.split(".")[0] in ("jax", "jaxlib", "flax"):
         return "jax"
     return "numpy"
 
@@ -160,6 +167,13 @@ def _is_torch_layer_norm(torch: Any, fn: Any) -> bool:
     """Whether ``fn`` is ``F.layer_norm`` (or ``torch.layer_norm``), whose
     second argument is the normalized shape."""
     return fn is torch.nn.functional.layer_norm or fn is torch.layer_norm
+
+
+def _is_torch_rms_norm(torch: Any, fn: Any) -> bool:
+    """Whether ``fn`` is ``F.rms_norm`` (or ``torch.rms_norm``):
+    ``(x, normalized_shape, weight, eps)``."""
+    functional = getattr(torch.nn.functional, "rms_norm", None)
+    return fn is not None and (fn is functional or fn is getattr(torch, "rms_norm", None))
 
 
 @overload
@@ -200,8 +214,10 @@ def adapt(fn: Any, signature: Optional[str] = None, framework: Framework = "auto
         What ``fn`` takes and returns. ``'numpy'`` passes NumPy arrays and
         reads the result with ``np.asarray`` (anything array-like works);
         ``'torch'`` passes CPU tensors; ``'jax'`` passes ``jax.numpy``
-        arrays. ``'auto'`` (default) picks torch for an ``nn.Module`` or
-        ``F.layer_norm``, jax for a jitted function, numpy otherwise.
+        arrays. ``'auto'`` (default) picks torch for an ``nn.Module``,
+        ``F.layer_norm`` or ``F.rms_norm``, jax for a jitted function or a
+        flax module (``linen`` or ``nnx``: its ``scale`` and ``bias`` are set
+        to each check's parameters, its ``epsilon`` used), numpy otherwise.
     name : str, optional
         How reports name ``fn``; default its qualified name.
     d : int, optional
@@ -250,6 +266,8 @@ def adapt(fn: Any, signature: Optional[str] = None, framework: Framework = "auto
         framework = _framework_of(fn)
     if framework == "torch":
         impl = _adapt_torch(fn, signature)
+    elif framework == "jax" and _flax_kind(fn) is not None:
+        impl = _adapt_flax(fn)
     else:
         convert_in = _jax_converter() if framework == "jax" else _numpy_in
         impl = _adapt_function(fn, signature or DEFAULT_SIGNATURE, convert_in, _numpy_out)
@@ -270,6 +288,58 @@ def _jax_converter() -> Callable[[npt.NDArray[Any]], Any]:
     jnp = importlib.import_module("jax.numpy")
     convert: Callable[[npt.NDArray[Any]], Any] = jnp.asarray
     return convert
+
+
+def _flax_kind(fn: Any) -> Optional[str]:
+    """``'linen'`` or ``'nnx'`` for a flax module, else None (flax is not
+    imported unless it already is)."""
+    flax = sys.modules.get("flax")
+    if flax is None:
+        return None
+    linen = sys.modules.get("flax.linen")
+    nnx = sys.modules.get("flax.nnx")
+    if linen is not None and isinstance(fn, linen.Module):
+        return "linen"
+    if nnx is not None and isinstance(fn, nnx.Module):
+        return "nnx"
+    return None
+
+
+def _adapt_flax(module: Any) -> Implementation:
+    """A flax normalization module (linen or nnx: ``LayerNorm``,
+    ``RMSNorm``...): its ``scale`` and ``bias`` (where it has them) replaced
+    by each check's parameters, its own ``epsilon``. An nnx module is
+    audited through a private copy and has a fixed feature size."""
+    jnp = importlib.import_module("jax.numpy")
+    kind = _flax_kind(module)
+    eps = float(getattr(module, "epsilon", 1e-6))
+    takes_weight = bool(getattr(module, "use_scale", True))
+    takes_bias = bool(getattr(module, "use_bias", False))
+    d: Optional[int] = None
+    if kind == "nnx":
+        module = copy.deepcopy(module)
+        takes_weight = getattr(module, "scale", None) is not None
+        takes_bias = getattr(module, "bias", None) is not None
+        features = getattr(module, "num_features", None)
+        d = None if features is None else int(features)
+
+    # A linen module's apply is jitted (compiled once per shape and dtype).
+    apply = (importlib.import_module("jax").jit(
+        lambda params, x: module.apply({"params": params}, x)) if kind == "linen" else None)
+
+    def call(x: npt.NDArray[Any], w: Optional[npt.NDArray[Any]], b: Optional[npt.NDArray[Any]],
+             _eps: float) -> npt.NDArray[Any]:
+        given = {k: jnp.asarray(v) for k, v in (("scale", w), ("bias", b)) if v is not None}
+        if apply is None:
+            for k, v in given.items():
+                getattr(module, k).set_value(v)
+            y = module(jnp.asarray(x))
+        else:
+            y = apply(given, jnp.asarray(x))
+        return _converted(y, np.asarray)
+
+    return Implementation(call, f"flax.{kind}.{type(module).__name__}", takes_weight, takes_bias,
+                          False, eps, d, framework="jax")
 
 
 def _adapt_function(fn: Callable[..., Any], signature: str,
@@ -300,9 +370,23 @@ def _adapt_torch(fn: Callable[..., Any], signature: Optional[str]) -> Implementa
         def layer_norm(x: Any, weight: Any, bias: Any, eps: float) -> Any:
             return fn(x, x.shape[-1:], weight, bias, eps)
 
-        impl = _adapt_function(layer_norm, DEFAULT_SIGNATURE, torch.from_numpy, _torch_out)
+        impl = _adapt_function(layer_norm, DEFAULT_SIGNATURE, _torch_in, _torch_out)
         return replace(impl, name=f"torch.nn.functional.{fn.__name__}")
-    return _adapt_function(fn, signature or DEFAULT_SIGNATURE, torch.from_numpy, _torch_out)
+    if _is_torch_rms_norm(torch, fn):
+        def rms_norm(x: Any, weight: Any, eps: float) -> Any:
+            return fn(x, x.shape[-1:], weight, eps)
+
+        impl = _adapt_function(rms_norm, "x, weight, eps", _torch_in, _torch_out)
+        return replace(impl, name=f"torch.nn.functional.{fn.__name__}")
+    return _adapt_function(fn, signature or DEFAULT_SIGNATURE, _torch_in, _torch_out)
+
+
+def _torch_in(a: npt.NDArray[Any]) -> Any:
+    """A NumPy array as a CPU tensor; bfloat16 (ml_dtypes) by its bits."""
+    torch = importlib.import_module("torch")
+    if a.dtype.kind == "V" and a.dtype.name == "bfloat16":
+        return torch.from_numpy(np.ascontiguousarray(a).view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(a)
 
 
 def _adapt_torch_module(torch: Any, module: Any) -> Implementation:
@@ -320,19 +404,25 @@ def _adapt_torch_module(torch: Any, module: Any) -> Implementation:
     d = (normalized_shape[0] if normalized_shape is not None
          else weight.shape[-1] if takes_weight else None)
     eps: Any = getattr(module, "eps", None)
+    # An eps of None (nn.RMSNorm's default: torch.finfo(x.dtype).eps, which
+    # changes with the dtype) is set on the audited copy, call by call.
+    eps_settable = hasattr(module, "eps") and eps is None
 
     def call(x: npt.NDArray[Any], w: Optional[npt.NDArray[Any]], b: Optional[npt.NDArray[Any]],
-             _eps: float) -> npt.NDArray[Any]:
-        tx = torch.from_numpy(x)
+             eps_: float) -> npt.NDArray[Any]:
+        tx = _torch_in(x)
         with torch.no_grad():
             module.to(tx.dtype)
+            if eps_settable:
+                module.eps = eps_
             if w is not None:
-                module.weight.copy_(torch.from_numpy(w))
+                module.weight.copy_(_torch_in(w))
             if b is not None:
-                module.bias.copy_(torch.from_numpy(b))
+                module.bias.copy_(_torch_in(b))
             return _converted(module(tx), _torch_out)
 
-    return Implementation(call, type(module).__name__, takes_weight, takes_bias, False,
+    name = type(module).__name__ + (" (eps None, set by the audit)" if eps_settable else "")
+    return Implementation(call, name, takes_weight, takes_bias, eps_settable,
                           None if eps is None else float(eps), d)
 
 

@@ -3,25 +3,161 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, ClassVar, Iterable, List, Mapping, Optional, Sequence, Tuple, TypedDict
 
 import numpy as np
 import numpy.typing as npt
 
-from ._adapters import Framework, LayerNormLike, adapt
-from ._checks import CHECKS, run_check
-from ._numerics import TOLERANCES, Tolerance
-from ._probe import Probe
-from ._report import AuditReport
+from ._adapters import Framework, Implementation, LayerNormLike, adapt
+from ._checks import REGISTRY, Check, run_check
+from ._numerics import Tolerance, tolerance_for
+from ._ops import LAYER_NORM, Convention, Op, audit_dtype, rms_norm_op
+from ._probe import Declared, Probe
+from ._report import AuditReport, CheckResult
 
-__all__ = ["LayerNormAudit", "check_layer_norm", "LayerNormAuditWarning"]
+__all__ = ["Audit", "ForwardAudit", "RMSAudit", "AuditOptions", "RMSAuditOptions", "LayerNormAudit", "check_layer_norm", "LayerNormAuditWarning"]
 
 
 class LayerNormAuditWarning(UserWarning):
     """Issued by :func:`check_layer_norm` for each check that warned."""
 
 
-class LayerNormAudit:
+class Audit:
+    """What every battery's audit shares (forward and backward, LayerNorm
+    and RMSNorm): the options resolved, one fresh probe per check, the
+    report. A subclass says which checks (:meth:`_registry`) and how one
+    runs (:meth:`_run_check`)."""
+
+    impl: Declared
+    op: Op
+    kind: str = "audit"
+    #: The battery's checks by name, in the order they run.
+    registry: ClassVar[Mapping[str, Any]]
+
+    def _setup(self, op: Op, dtype: npt.DTypeLike, eps: Optional[float], default_eps: float,
+               rtol: Optional[float], atol: Optional[float], seed: int,
+               strict_batch_invariance: bool) -> None:
+        self.op = op
+        self.dtype: np.dtype[Any] = audit_dtype(dtype)
+        self.eps = resolve_eps(self.impl, eps, default_eps)
+        #: The user's tolerance, or None for the defaults by dtype.
+        self.override: Optional[Tolerance] = (None if rtol is None and atol is None else
+                                              tolerance_for(self.dtype, rtol, atol))
+        self.seed = int(seed)
+        self.strict_batch_invariance = bool(strict_batch_invariance)
+
+    def _title_parts(self) -> List[str]:
+        return []
+
+    @property
+    def title(self) -> str:
+        """What is audited and how, as the report's first line."""
+        parts = [str(self.dtype), f"eps={self.eps:g}"] + self._title_parts()
+        if self.impl.d is not None:
+            parts.append(f"d={self.impl.d}")
+        if self.impl.leading_shape is not None:
+            parts.append(f"leading shape {self.impl.leading_shape}")
+        if self.op.plus_one:
+            parts.append("scale 1 + weight")
+        return f"{self.op.name} {self.kind} of {self.impl.name} ({', '.join(parts)})"
+
+    def run(self, checks: Optional[Iterable[str]] = None) -> AuditReport:
+        """Run the checks.
+
+        Parameters
+        ----------
+        checks : iterable of str, optional
+            Names from the battery's checks (:data:`CHECKS`,
+            :data:`RMS_CHECKS`, :data:`BACKWARD_CHECKS` or
+            :data:`RMS_BACKWARD_CHECKS`) to run, in that order; default all.
+
+        Returns
+        -------
+        AuditReport
+
+        Raises
+        ------
+        ValueError
+            An unknown check name.
+        """
+        names = selected_checks(checks, tuple(self.registry))
+        # One probe per check, so each check sees fresh random streams and a
+        # check's outcome does not depend on which others ran.
+        return AuditReport(self.title, [self._run_check(n) for n in names], self)
+
+    def _run_check(self, name: str) -> CheckResult:
+        raise NotImplementedError
+
+
+class ForwardAudit(Audit):
+    """What the forward batteries share (see :class:`LayerNormAudit` and
+    :class:`RMSNormAudit`)."""
+
+    impl: Implementation
+
+    @property
+    def tolerance(self) -> Tolerance:
+        """The tolerance for outputs of order 1."""
+        return self.override or tolerance_for(self.dtype)
+
+    registry: ClassVar[Mapping[str, Check]] = REGISTRY
+
+    def _run_check(self, name: str) -> CheckResult:
+        return run_check(name, self._probe(), self.registry)
+
+    def _probe(self) -> Probe:
+        return Probe(self.impl, self.dtype, self.eps, self.tolerance, self.seed,
+                     self.strict_batch_invariance, self.op)
+
+
+class AuditOptions(TypedDict, total=False):
+    """The options every audit takes (``**options`` of the ``check_*``
+    functions)."""
+
+    signature: Optional[str]
+    framework: Framework
+    dtype: npt.DTypeLike
+    eps: Optional[float]
+    d: Optional[int]
+    leading_shape: Optional[Sequence[int]]
+    rtol: Optional[float]
+    atol: Optional[float]
+    seed: int
+    strict_batch_invariance: bool
+    name: Optional[str]
+
+
+class RMSAuditOptions(AuditOptions, total=False):
+    """An RMSNorm audit's options: those of every audit and the weight's
+    ``convention``."""
+
+    convention: Convention
+
+
+class RMSAudit(Audit):
+    """What the RMSNorm audits (forward and backward) share: their options,
+    the weight convention and eps 1e-6 by default. A subclass adapts ``fn``
+    (:meth:`_adapt`)."""
+
+    def __init__(self, fn: Any, *, convention: Convention = "weight",
+                 signature: Optional[str] = None, framework: Framework = "auto",
+                 dtype: npt.DTypeLike = "float32", eps: Optional[float] = None,
+                 d: Optional[int] = None, leading_shape: Optional[Sequence[int]] = None,
+                 rtol: Optional[float] = None, atol: Optional[float] = None, seed: int = 0,
+                 strict_batch_invariance: bool = False, name: Optional[str] = None) -> None:
+        op = rms_norm_op(convention)
+        self.convention: Convention = op.convention
+        self._adapt(fn, signature, framework, name, d, leading_shape)
+        self._setup(op, dtype, eps, 1e-6, rtol, atol, seed, strict_batch_invariance)
+
+    def _adapt(self, fn: Any, signature: Optional[str], framework: Framework,
+               name: Optional[str], d: Optional[int],
+               leading_shape: Optional[Sequence[int]]) -> None:
+        """Set ``self.impl`` (``self.convention`` is known)."""
+        raise NotImplementedError
+
+
+class LayerNormAudit(ForwardAudit):
     """The validation battery for one LayerNorm implementation.
 
     Parameters
@@ -36,9 +172,9 @@ class LayerNormAudit:
         The calling convention, e.g. ``"x, weight, eps"``: see :func:`adapt`.
     framework : {'auto', 'numpy', 'torch', 'jax'}, optional
         See :func:`adapt`. Default ``'auto'``.
-    dtype : {'float32', 'float64', 'float16'}, optional
+    dtype : {'float32', 'float64', 'float16', 'bfloat16'}, optional
         The dtype of every input (the float16 overflow check always uses
-        float16). Default ``'float32'``.
+        float16). ``'bfloat16'`` needs ml_dtypes. Default ``'float32'``.
     eps : float, optional
         The eps passed to ``fn``; for an implementation that takes none, the
         eps it uses. Default ``1e-5`` (a torch module's own ``eps``).
@@ -50,7 +186,7 @@ class LayerNormAudit:
         checks use shapes such as ``(4, 6)`` and ``(10, 10)``).
     rtol, atol : float, optional
         Override the tolerance for outputs of order 1 (defaults by dtype:
-        float16 4e-3, float32 1e-5, float64 1e-12).
+        float16 4e-3, float32 1e-5, float64 1e-12, bfloat16 2^-5).
     seed : int, optional
         Seed of the random inputs. Default 0.
     strict_batch_invariance : bool, optional
@@ -75,66 +211,7 @@ class LayerNormAudit:
                  atol: Optional[float] = None, seed: int = 0,
                  strict_batch_invariance: bool = False, name: Optional[str] = None) -> None:
         self.impl = adapt(fn, signature, framework, name=name, d=d, leading_shape=leading_shape)
-        self.dtype: np.dtype[Any] = np.dtype(dtype)
-        if self.dtype not in TOLERANCES:
-            raise ValueError(f"dtype: expected float16, float32 or float64, got {self.dtype}")
-        self.eps = self._resolve_eps(eps)
-        default = TOLERANCES[self.dtype]
-        self.tolerance = Tolerance(default.rtol if rtol is None else float(rtol),
-                                   default.atol if atol is None else float(atol))
-        self.seed = int(seed)
-        self.strict_batch_invariance = bool(strict_batch_invariance)
-
-    def _resolve_eps(self, eps: Optional[float]) -> float:
-        own = self.impl.eps
-        if eps is None:
-            eps = 1e-5 if own is None else own
-        elif own is not None and float(eps) != own:
-            raise ValueError(f"eps: {self.impl.name} uses its own eps={own:g}, got eps={eps!r}")
-        eps = float(eps)
-        if not math.isfinite(eps) or eps < 0:
-            raise ValueError(f"eps: expected a finite number >= 0, got {eps!r}")
-        return eps
-
-    @property
-    def title(self) -> str:
-        """What is audited and how, as the report's first line."""
-        parts = [str(self.dtype), f"eps={self.eps:g}"]
-        if self.impl.d is not None:
-            parts.append(f"d={self.impl.d}")
-        if self.impl.leading_shape is not None:
-            parts.append(f"leading shape {self.impl.leading_shape}")
-        return f"LayerNorm audit of {self.impl.name} ({', '.join(parts)})"
-
-    def run(self, checks: Optional[Iterable[str]] = None) -> AuditReport:
-        """Run the checks.
-
-        Parameters
-        ----------
-        checks : iterable of str, optional
-            Names from :data:`CHECKS` to run, in that order; default all.
-
-        Returns
-        -------
-        AuditReport
-
-        Raises
-        ------
-        ValueError
-            An unknown check name.
-        """
-        names = CHECKS if checks is None else tuple(checks)
-        unknown = [n for n in names if n not in CHECKS]
-        if unknown:
-            raise ValueError(f"checks: unknown {unknown}; expected names from {CHECKS}")
-        # One probe per check, so each check sees fresh random streams and a
-        # check's outcome does not depend on which others ran.
-        results = [run_check(n, self._probe()) for n in names]
-        return AuditReport(self.title, results, self)
-
-    def _probe(self) -> Probe:
-        return Probe(self.impl, self.dtype, self.eps, self.tolerance, self.seed,
-                     self.strict_batch_invariance)
+        self._setup(LAYER_NORM, dtype, eps, 1e-5, rtol, atol, seed, strict_batch_invariance)
 
 
 def check_layer_norm(fn: LayerNormLike, *, checks: Optional[Iterable[str]] = None,
@@ -180,11 +257,49 @@ def check_layer_norm(fn: LayerNormLike, *, checks: Optional[Iterable[str]] = Non
                             d=d, leading_shape=leading_shape, rtol=rtol, atol=atol, seed=seed,
                             strict_batch_invariance=strict_batch_invariance,
                             name=name).run(checks)
+    return raise_on_failure(report, stacklevel=3)
+
+
+def raise_on_failure(report: AuditReport, stacklevel: int = 2) -> AuditReport:
+    """Issue each warning of ``report`` as a :class:`LayerNormAuditWarning`
+    (``stacklevel`` counted from the caller) and raise AssertionError with
+    :func:`failure_message` if a check failed."""
     for result in report.warnings:
-        warnings.warn(f"{report.title}: {result}", LayerNormAuditWarning, stacklevel=2)
+        warnings.warn(f"{report.title}: {result}", LayerNormAuditWarning,
+                      stacklevel=stacklevel)
     if not report.ok:
         raise AssertionError(failure_message(report))
     return report
+
+
+def selected_checks(checks: Optional[Iterable[str]], known: Tuple[str, ...]) -> Tuple[str, ...]:
+    """The checks to run: ``checks`` (default all of ``known``), validated."""
+    names = known if checks is None else tuple(checks)
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ValueError(f"checks: unknown {unknown}; expected names from {known}")
+    return names
+
+
+def resolve_eps(impl: Declared, eps: Optional[float], default: float) -> float:
+    """The audit's eps: ``eps``, or the implementation's own, or ``default``.
+
+    Raises
+    ------
+    ValueError
+        ``eps`` contradicts the implementation's own, or is not finite and
+        >= 0.
+    """
+    own = impl.eps
+    if eps is None:
+        eps = default if own is None else own
+    elif own is not None and float(eps) != own:
+        raise ValueError(f"eps: {impl.name} uses its own eps={own:g}, got eps={eps!r}")
+    eps = float(eps)
+    if not math.isfinite(eps) or eps < 0:
+        raise ValueError(f"eps: expected a finite number >= 0, got {eps!r}")
+    return eps
+
 
 
 def failure_message(report: AuditReport) -> str:

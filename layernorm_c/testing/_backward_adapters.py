@@ -22,7 +22,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ._adapters import Framework, FRAMEWORKS, OutputError, _converted, _name_of, _numpy_out
-from ._adapters import _torch_out, _is_torch_layer_norm
+from ._adapters import _is_torch_layer_norm, _is_torch_rms_norm, _torch_in, _torch_out
 
 __all__ = ["BackwardImplementation", "adapt_backward", "DEFAULT_BACKWARD_SIGNATURE",
            "BackwardLike", "Grads", "ThreadControl"]
@@ -335,7 +335,7 @@ def _torch_vjp(torch: Any, forward: Callable[..., Any], dy: npt.NDArray[Any],
         if not y.requires_grad:
             grads: Sequence[Any] = [None] * len(leaves)
         else:
-            grads = torch.autograd.grad(y, leaves, torch.from_numpy(dy).to(y.dtype),
+            grads = torch.autograd.grad(y, leaves, _torch_in(dy).to(y.dtype),
                                         allow_unused=True)
     return [_converted(torch.zeros_like(t) if g is None else g, _torch_out)
             for t, g in zip(leaves, grads)]
@@ -357,7 +357,7 @@ def _torch_autograd(torch: Any, forward: Callable[..., Any], sig: _Signature
                            **{n: values[n] for n in sig.keyword})
 
         grads = dict(zip([k for k, _ in given],
-                         _torch_vjp(torch, f, dy, [torch.from_numpy(v) for _, v in given])))
+                         _torch_vjp(torch, f, dy, [_torch_in(v) for _, v in given])))
         return Grads(grads["x"], grads.get("weight"), grads.get("bias"))
 
     return call
@@ -378,30 +378,36 @@ def _torch_module(torch: Any, module: Any) -> BackwardImplementation:
     d = (normalized_shape[0] if normalized_shape is not None
          else weight.shape[-1] if takes_weight else None)
     eps: Any = getattr(module, "eps", None)
+    # An eps of None (nn.RMSNorm's default, which changes with the dtype) is
+    # set on the audited copy, call by call, as the forward's adapter does.
+    eps_settable = hasattr(module, "eps") and eps is None
 
     def call(dy: npt.NDArray[Any], x: npt.NDArray[Any], w: Optional[npt.NDArray[Any]],
-             b: Optional[npt.NDArray[Any]], _eps: float) -> Grads:
-        tx = torch.from_numpy(x)
+             b: Optional[npt.NDArray[Any]], eps_: float) -> Grads:
+        tx = _torch_in(x)
         module.to(tx.dtype)
+        if eps_settable:
+            module.eps = eps_
         with torch.no_grad():
             if w is not None:
-                module.weight.copy_(torch.from_numpy(w))
+                module.weight.copy_(_torch_in(w))
             if b is not None:
-                module.bias.copy_(torch.from_numpy(b))
+                module.bias.copy_(_torch_in(b))
         params = [p for p, taken in ((module.weight if takes_weight else None, takes_weight),
                                      (module.bias if takes_bias else None, takes_bias)) if taken]
         with torch.enable_grad():
             leaf = tx.detach().requires_grad_(True)
             y = module(leaf)
-            grads = torch.autograd.grad(y, [leaf] + params,
-                                        torch.from_numpy(dy).to(y.dtype), allow_unused=True)
+            grads = torch.autograd.grad(y, [leaf] + params, _torch_in(dy).to(y.dtype),
+                                        allow_unused=True)
         out = [_converted(torch.zeros_like(t) if g is None else g, _torch_out)
                for t, g in zip([leaf] + params, grads)]
         dw = out[1] if takes_weight else None
         db = out[-1] if takes_bias else None
         return Grads(out[0], dw, db)
 
-    return BackwardImplementation(call, type(module).__name__, takes_weight, takes_bias, False,
+    name = type(module).__name__ + (" (eps None, set by the audit)" if eps_settable else "")
+    return BackwardImplementation(call, name, takes_weight, takes_bias, eps_settable,
                                   takes_weight, takes_bias, None if eps is None else float(eps),
                                   d, framework="torch", autodiff="torch autograd",
                                   threads=_torch_threads(torch))
@@ -420,11 +426,19 @@ def _adapt_torch(fn: Callable[..., Any], signature: Optional[str]) -> BackwardIm
         return _implementation(_torch_autograd(torch, layer_norm, sig),
                                f"torch.nn.functional.{fn.__name__}", sig, "torch",
                                autodiff="torch autograd", threads=threads)
+    if _is_torch_rms_norm(torch, fn):
+        def rms_norm(x: Any, weight: Any, eps: float) -> Any:
+            return fn(x, x.shape[-1:], weight, eps)
+
+        sig = _parse_signature("x, weight, eps")
+        return _implementation(_torch_autograd(torch, rms_norm, sig),
+                               f"torch.nn.functional.{fn.__name__}", sig, "torch",
+                               autodiff="torch autograd", threads=threads)
     sig = _parse_signature(signature or DEFAULT_BACKWARD_SIGNATURE)
     if sig.forward:
         return _implementation(_torch_autograd(torch, fn, sig), _name_of(fn), sig, "torch",
                                autodiff="torch autograd", threads=threads)
-    return _implementation(_backward_function(fn, sig, torch.from_numpy, _torch_out),
+    return _implementation(_backward_function(fn, sig, _torch_in, _torch_out),
                            _name_of(fn), sig, "torch", threads=threads)
 
 

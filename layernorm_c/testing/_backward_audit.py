@@ -2,26 +2,31 @@
 gather a report (the same :class:`~._report.AuditReport` as the forward's)."""
 from __future__ import annotations
 
-import math
-import warnings
-from typing import Any, Iterable, Optional, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, ClassVar, Final, Iterable, List, Mapping, Optional, Sequence
 
 import numpy as np
 import numpy.typing as npt
 
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
 from ._adapters import Framework
-from ._audit import LayerNormAuditWarning, failure_message
-from ._backward_adapters import BackwardImplementation, BackwardLike, adapt_backward
-from ._backward_checks import BACKWARD_CHECKS, run_backward_check
+from ._audit import Audit, RMSAudit, RMSAuditOptions, raise_on_failure
+from ._backward_adapters import (BackwardImplementation, BackwardLike, Grads, _layernorm_c_threads,
+                                 adapt_backward)
+from ._backward_checks import BACKWARD_REGISTRY, BackwardCheck, run_backward_check
 from ._backward_numerics import BackwardTolerance, backward_tolerance
 from ._backward_probe import BackwardProbe
-from ._numerics import TOLERANCES, Tolerance
-from ._report import AuditReport
+from ._rms_backward_checks import RMS_BACKWARD_REGISTRY
+from ._ops import LAYER_NORM, Convention
+from ._report import AuditReport, CheckResult
 
-__all__ = ["LayerNormBackwardAudit", "check_layer_norm_backward"]
+__all__ = ["LayerNormBackwardAudit", "check_layer_norm_backward", "RMSNormBackwardAudit",
+           "check_rms_norm_backward", "DEFAULT_RMS_BACKWARD_SIGNATURE"]
 
 
-class LayerNormBackwardAudit:
+class LayerNormBackwardAudit(Audit):
     """The validation battery for one LayerNorm backward.
 
     Parameters
@@ -42,9 +47,9 @@ class LayerNormBackwardAudit:
         forward, for ``framework='torch'`` or ``'jax'``).
     framework : {'auto', 'numpy', 'torch', 'jax'}, optional
         See :func:`~layernorm_c.testing.adapt`. Default ``'auto'``.
-    dtype : {'float32', 'float64', 'float16'}, optional
+    dtype : {'float32', 'float64', 'float16', 'bfloat16'}, optional
         The dtype of every input (the float16 overflow check always uses
-        float16). Default ``'float32'``.
+        float16). ``'bfloat16'`` needs ml_dtypes. Default ``'float32'``.
     eps : float, optional
         The eps passed to ``fn`` (the forward's); for an implementation
         that takes none, the eps it uses. Default ``1e-5``.
@@ -76,6 +81,10 @@ class LayerNormBackwardAudit:
     True
     """
 
+    impl: BackwardImplementation
+    kind = "backward audit"
+    registry: ClassVar[Mapping[str, BackwardCheck]] = BACKWARD_REGISTRY
+
     def __init__(self, fn: BackwardLike, *, signature: Optional[str] = None,
                  framework: Framework = "auto", dtype: npt.DTypeLike = "float32",
                  eps: Optional[float] = None, d: Optional[int] = None,
@@ -84,28 +93,7 @@ class LayerNormBackwardAudit:
                  strict_batch_invariance: bool = False, name: Optional[str] = None) -> None:
         self.impl: BackwardImplementation = adapt_backward(
             fn, signature, framework, name=name, d=d, leading_shape=leading_shape)
-        self.dtype: np.dtype[Any] = np.dtype(dtype)
-        if self.dtype not in TOLERANCES:
-            raise ValueError(f"dtype: expected float16, float32 or float64, got {self.dtype}")
-        self.eps = self._resolve_eps(eps)
-        default = TOLERANCES[self.dtype]
-        self.override: Optional[Tolerance] = None
-        if rtol is not None or atol is not None:
-            self.override = Tolerance(default.rtol if rtol is None else float(rtol),
-                                      default.atol if atol is None else float(atol))
-        self.seed = int(seed)
-        self.strict_batch_invariance = bool(strict_batch_invariance)
-
-    def _resolve_eps(self, eps: Optional[float]) -> float:
-        own = self.impl.eps
-        if eps is None:
-            eps = 1e-5 if own is None else own
-        elif own is not None and float(eps) != own:
-            raise ValueError(f"eps: {self.impl.name} uses its own eps={own:g}, got eps={eps!r}")
-        eps = float(eps)
-        if not math.isfinite(eps) or eps < 0:
-            raise ValueError(f"eps: expected a finite number >= 0, got {eps!r}")
-        return eps
+        self._setup(LAYER_NORM, dtype, eps, 1e-5, rtol, atol, seed, strict_batch_invariance)
 
     @property
     def tolerance(self) -> BackwardTolerance:
@@ -113,47 +101,15 @@ class LayerNormBackwardAudit:
         the parameter gradients."""
         return backward_tolerance(self.dtype, 64, self.override)
 
-    @property
-    def title(self) -> str:
-        """What is audited and how, as the report's first line."""
-        parts = [str(self.dtype), f"eps={self.eps:g}"]
-        if self.impl.autodiff is not None:
-            parts.append(self.impl.autodiff)
-        if self.impl.d is not None:
-            parts.append(f"d={self.impl.d}")
-        if self.impl.leading_shape is not None:
-            parts.append(f"leading shape {self.impl.leading_shape}")
-        return f"LayerNorm backward audit of {self.impl.name} ({', '.join(parts)})"
+    def _title_parts(self) -> List[str]:
+        return [] if self.impl.autodiff is None else [self.impl.autodiff]
 
-    def run(self, checks: Optional[Iterable[str]] = None) -> AuditReport:
-        """Run the checks.
-
-        Parameters
-        ----------
-        checks : iterable of str, optional
-            Names from :data:`~layernorm_c.testing.BACKWARD_CHECKS` to run,
-            in that order; default all.
-
-        Returns
-        -------
-        AuditReport
-
-        Raises
-        ------
-        ValueError
-            An unknown check name.
-        """
-        names = BACKWARD_CHECKS if checks is None else tuple(checks)
-        unknown = [n for n in names if n not in BACKWARD_CHECKS]
-        if unknown:
-            raise ValueError(f"checks: unknown {unknown}; expected names from "
-                             f"{BACKWARD_CHECKS}")
-        results = [run_backward_check(n, self._probe()) for n in names]
-        return AuditReport(self.title, results, self)
+    def _run_check(self, name: str) -> CheckResult:
+        return run_backward_check(name, self._probe(), self.registry)
 
     def _probe(self) -> BackwardProbe:
         return BackwardProbe(self.impl, self.dtype, self.eps, self.override, self.seed,
-                             self.strict_batch_invariance)
+                             self.strict_batch_invariance, self.op)
 
 
 def check_layer_norm_backward(fn: BackwardLike, *, checks: Optional[Iterable[str]] = None,
@@ -201,8 +157,131 @@ def check_layer_norm_backward(fn: BackwardLike, *, checks: Optional[Iterable[str
         fn, signature=signature, framework=framework, dtype=dtype, eps=eps, d=d,
         leading_shape=leading_shape, rtol=rtol, atol=atol, seed=seed,
         strict_batch_invariance=strict_batch_invariance, name=name).run(checks)
-    for result in report.warnings:
-        warnings.warn(f"{report.title}: {result}", LayerNormAuditWarning, stacklevel=2)
-    if not report.ok:
-        raise AssertionError(failure_message(report))
-    return report
+    return raise_on_failure(report, stacklevel=3)
+
+
+class RMSNormBackwardAudit(RMSAudit, LayerNormBackwardAudit):
+    """The validation battery for one RMSNorm backward.
+
+    Parameters
+    ----------
+    fn : callable or BackwardImplementation
+        The backward under audit, by default called as
+        ``fn(dy, x, weight, eps)`` on NumPy arrays, returning
+        ``(dx, dweight)``; or a forward that its framework differentiates (a
+        ``torch.nn.RMSNorm``, ``F.rms_norm``, a torch or JAX function whose
+        ``signature`` has no ``dy``, e.g. ``"x, weight, eps"``).
+        ``layernorm_c.rms_norm_backward`` and
+        ``layernorm_c.reference_rms_norm_backward`` are recognized (called
+        with the audit's convention), and so is a ``layernorm_c.RMSNorm``
+        layer.
+    convention : {'weight', '1+weight'}, optional
+        How the forward's weight scales (``'1+weight'``: Gemma). Default
+        ``'weight'``.
+    signature, framework, dtype, d, leading_shape, rtol, atol, seed : optional
+        As for :class:`LayerNormBackwardAudit` (default signature
+        ``"dy, x, weight, eps -> dx, dweight"``).
+    eps : float, optional
+        The forward's eps. Default ``1e-6``.
+    strict_batch_invariance, name : optional
+        As for :class:`LayerNormBackwardAudit`.
+
+    Examples
+    --------
+    >>> import layernorm_c
+    >>> from layernorm_c.testing import RMSNormBackwardAudit
+    >>> RMSNormBackwardAudit(layernorm_c.rms_norm_backward).run().ok
+    True
+    """
+
+    registry: ClassVar[Mapping[str, BackwardCheck]] = RMS_BACKWARD_REGISTRY
+
+    def _adapt(self, fn: BackwardLike, signature: Optional[str], framework: Framework,
+               name: Optional[str], d: Optional[int],
+               leading_shape: Optional[Sequence[int]]) -> None:
+        self.impl = adapt_rms_backward(fn, signature, framework, name, d, leading_shape,
+                                       self.convention)
+
+
+
+def check_rms_norm_backward(fn: BackwardLike, *, checks: Optional[Iterable[str]] = None,
+                            **options: Unpack[RMSAuditOptions]) -> AuditReport:
+    """Audit the RMSNorm backward ``fn`` (``fn(dy, x, weight, eps) -> (dx,
+    dweight)`` by default) with the options of :class:`RMSNormBackwardAudit`
+    and ``checks`` from :data:`~layernorm_c.testing.RMS_BACKWARD_CHECKS`
+    (default all); return the report, or raise AssertionError with each
+    failure's diagnosis, as :func:`check_layer_norm_backward` does.
+
+    Examples
+    --------
+    >>> import layernorm_c
+    >>> from layernorm_c.testing import check_rms_norm_backward
+    >>> check_rms_norm_backward(layernorm_c.rms_norm_backward, dtype="float64").ok
+    True
+    """
+    return raise_on_failure(RMSNormBackwardAudit(fn, **options).run(checks), stacklevel=3)
+
+
+#: The default calling convention of an RMSNorm backward.
+DEFAULT_RMS_BACKWARD_SIGNATURE: Final = "dy, x, weight, eps -> dx, dweight"
+
+
+def adapt_rms_backward(fn: BackwardLike, signature: Optional[str], framework: Framework,
+                       name: Optional[str], d: Optional[int],
+                       leading_shape: Optional[Sequence[int]],
+                       convention: Convention) -> BackwardImplementation:
+    """:func:`~._backward_adapters.adapt_backward` with RMSNorm's default
+    signature (a forward without ``dy`` defaults to ``x, weight, eps``);
+    layernorm_c's RMSNorm backward, reference and layer, called with the
+    audit's convention. An RMSNorm has no bias."""
+    import layernorm_c as lnc
+
+    if fn is lnc.rms_norm or fn is lnc.reference_rms_norm:
+        raise TypeError(f"fn: layernorm_c.{getattr(fn, '__name__', fn)} is a forward; audit "
+                        "its backward (rms_norm_backward, reference_rms_norm_backward) or a "
+                        "layernorm_c.RMSNorm layer")
+    if fn is lnc.rms_norm_backward or fn is lnc.reference_rms_norm_backward:
+        known = fn
+
+        def call(dy: Any, x: Any, weight: Any, eps: float) -> Any:
+            g = known(dy, x, weight, eps, convention=convention)
+            return g.dx, g.dweight
+
+        impl = adapt_backward(call, "dy, x, weight, eps -> dx, dweight", "numpy",
+                              name=name or f"layernorm_c.{known.__name__}", d=d,
+                              leading_shape=leading_shape)
+        if fn is lnc.rms_norm_backward:
+            impl = replace(impl, threads=_layernorm_c_threads())
+        return impl
+    if isinstance(fn, lnc.RMSNorm):
+        impl = _layernorm_c_rms_layer(lnc, fn)
+        impl = replace(impl, name=name) if name else impl
+        return impl.restricted(d, leading_shape)
+    if signature is None and not isinstance(fn, BackwardImplementation):
+        signature = DEFAULT_RMS_BACKWARD_SIGNATURE
+    impl = adapt_backward(fn, signature, framework, name=name, d=d, leading_shape=leading_shape)
+    if impl.takes_bias or impl.returns_dbias:
+        raise ValueError(f"signature: an RMSNorm has no bias, but {impl.name} is declared with "
+                         "one; give a signature without 'bias' and 'dbias'")
+    return impl
+
+
+def _layernorm_c_rms_layer(lnc: Any, layer: Any) -> BackwardImplementation:
+    """A layernorm_c.RMSNorm layer: a fresh layer like it per call, its
+    forward and backward; dx and the weight's gradient from zero."""
+    takes_weight = layer.weight is not None
+
+    def call(dy: npt.NDArray[Any], x: npt.NDArray[Any], w: Optional[npt.NDArray[Any]],
+             _b: Optional[npt.NDArray[Any]], _eps: float) -> Grads:
+        fresh = lnc.RMSNorm(layer.normalized_shape, layer.eps, gain=takes_weight,
+                            dtype=x.dtype, convention=layer._rms_convention())
+        if w is not None:
+            fresh.load_state_dict({"weight": w})
+        fresh(x)
+        dx = fresh.backward(dy)
+        return Grads(np.asarray(dx), fresh.grad_weight, None)
+
+    return BackwardImplementation(call, "layernorm_c.RMSNorm", takes_weight, False, False,
+                                  takes_weight, False, float(layer.eps),
+                                  layer.normalized_shape[0], framework="numpy",
+                                  threads=_layernorm_c_threads())

@@ -19,18 +19,21 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 from numpy.typing import NDArray
 
 from .._cases import WORKED_EXAMPLES
 from ._backward_adapters import Grads
-from ._backward_numerics import BackwardTolerance, Terms, decompose_dx, model_dx
+from ._backward_numerics import (BackwardTolerance, Decomposition, Terms, decompose_dx,
+                                 model_dx)
 from ._backward_probe import BackwardProbe
 from ._checks import (COUPLING_DEFECTS, OFFSETS, _coupling_kind, _fmt_index, _fmt_indices,
-                      _fmt_row, _growth_per_decade, _identical, _random_params, _standard_rows)
-from ._numerics import Fit, fit, ulp_distance
+                      _no_eps, eps_probes,
+                      _fmt_row, _growth_per_decade, _identical, _standard_rows)
+from ._numerics import K, Fit, fit, ulp_distance
+from ._ops import is_float, unit_roundoff
 from ._probe import ImplementationError, Param
 from ._report import FAIL, PASS, SKIP, WARN, CheckResult
 
@@ -51,18 +54,23 @@ BACKWARD_REGISTRY: Dict[str, BackwardCheck] = {}
 CheckFunction = Callable[[BackwardProbe], CheckResult]
 
 
-def _check(name: str, title: str) -> Callable[[CheckFunction], CheckFunction]:
+def _check(name: str, title: str, registry: Optional[Dict[str, BackwardCheck]] = None
+           ) -> Callable[[CheckFunction], CheckFunction]:
+    """Register a backward check in ``registry`` (default LayerNorm's)."""
     def register(run: CheckFunction) -> CheckFunction:
-        BACKWARD_REGISTRY[name] = BackwardCheck(name, title, run)
+        (BACKWARD_REGISTRY if registry is None else registry)[name] = BackwardCheck(name, title,
+                                                                                    run)
         return run
     return register
 
 
-def run_backward_check(name: str, probe: BackwardProbe) -> CheckResult:
-    """Run one backward check; an implementation that raises or returns a
-    wrong shape fails it with that message."""
+def run_backward_check(name: str, probe: BackwardProbe,
+                       registry: Optional[Mapping[str, BackwardCheck]] = None) -> CheckResult:
+    """Run one backward check of ``registry`` (default LayerNorm's); an
+    implementation that raises or returns a wrong shape fails it with that
+    message."""
     try:
-        return BACKWARD_REGISTRY[name].run(probe)
+        return (BACKWARD_REGISTRY if registry is None else registry)[name].run(probe)
     except ImplementationError as exc:
         return CheckResult(name, FAIL, exc.figure, str(exc))
 
@@ -118,7 +126,7 @@ def _designed_dy(p: BackwardProbe, rng: np.random.Generator, x: NDArray[Any],
     k1 = rng.choice([-1.0, 1.0], (n, 1)) * rng.uniform(0.6, 1.0, (n, 1))
     k2 = rng.choice([-1.0, 1.0], (n, 1)) * rng.uniform(0.6, 1.0, (n, 1))
     g = rng.standard_normal(x.shape) + k1 + k2 * cn
-    w64 = 1.0 if weight is None else weight.astype(np.float64)
+    w64 = 1.0 if weight is None else p.op.scale(weight.astype(np.float64))
     return p.cast(g / w64)
 
 
@@ -177,7 +185,7 @@ def check_contract(p: BackwardProbe) -> CheckResult:
     rng = p.rng("contract")
     x = p.cast(rng.standard_normal(lead + (d,)) * 2 + 1)
     dy = p.cast(rng.standard_normal(lead + (d,)))
-    w, b = p.params(*_random_params(rng, d))
+    w, b = p.params(*p.random_params(rng, d))
     inputs = {"dy": dy, "x": x, "weight": w, "bias": b}
     before = {k: v.copy() for k, v in inputs.items() if v is not None}
     got = p.call_raw(dy, x, w, b, copy=False)
@@ -196,13 +204,14 @@ def check_contract(p: BackwardProbe) -> CheckResult:
     if bad:
         return CheckResult("contract", FAIL, figure,
                            f"non-finite {' and '.join(bad)} for finite, well-scaled input")
-    kinds = [k for k, v in outputs.items() if v is not None and v.dtype.kind != "f"]
+    kinds = [k for k, v in outputs.items() if v is not None and not is_float(v.dtype)]
     if kinds:
         return CheckResult("contract", FAIL, figure,
                            f"{' and '.join(kinds)} not floating point: gradients are real "
                            "numbers")
     missing = [k for k, ret in (("dweight", p.impl.returns_dweight),
-                                ("dbias", p.impl.returns_dbias)) if not ret]
+                                ("dbias", p.impl.returns_dbias))
+               if not ret and (k == "dweight" or p.op.key == "layer_norm")]
     note = (f"; returns no {' or '.join(missing)}, whose checks are skipped" if missing else "")
     if got.dx.dtype.itemsize < x.dtype.itemsize:
         return CheckResult("contract", WARN, figure,
@@ -275,6 +284,11 @@ def check_hand_rows(p: BackwardProbe) -> CheckResult:
                        "parameter gradients dy * xhat and dy")
 
 
+def _and(names: Sequence[str]) -> str:
+    """``a, b and c``."""
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
 def _fmt_list(values: Sequence[float]) -> str:
     return "[" + ", ".join(f"{v:g}" for v in values) + "]"
 
@@ -287,7 +301,7 @@ def check_reference(p: BackwardProbe) -> CheckResult:
     offset = rng.uniform(-2.0, 2.0, lead + (1,)) * scale
     x = p.cast(rng.standard_normal(lead + (d,)) * scale + offset)
     dy = p.cast(rng.standard_normal(lead + (d,)))
-    w, b = p.params(*_random_params(rng, d))
+    w, b = p.params(*p.random_params(rng, d))
     got = p.call(dy, x, w, b)
     want = p.reference(dy, x, w)
     tol = p.tol(d)
@@ -314,11 +328,11 @@ def check_reference(p: BackwardProbe) -> CheckResult:
             j = int(np.argmax(np.abs(value - ref)))
             where = f"{worst}[{j}] is {value[j]:.7g} instead of {ref[j]:.7g}"
         return CheckResult("reference", FAIL, figure,
-                           f"differs from reference_layer_norm_backward (float64) beyond "
+                           f"differs from {p.op.reference_name}_backward (float64) beyond "
                            f"{tol.dx} ({worst} worst): {where}. The checks below name the "
                            "likely cause", values)
     return CheckResult("reference", PASS, figure,
-                       f"dx, dweight and dbias within tolerance of reference_layer_norm_backward "
+                       f"{_and(list(parts))} within tolerance of {p.op.reference_name}_backward "
                        f"(float64) on {math.prod(lead)} random records, random weight",
                        values)
 
@@ -367,24 +381,18 @@ def _designed_records(p: BackwardProbe, stream: str, n: int, d: int,
     else:
         spread = np.sqrt(np.asarray(variances, np.float64)).reshape(n, 1)
     x = p.cast(_standard_rows(rng, n, d) * spread + rng.uniform(-2, 2, (n, 1)) * spread)
-    w, b = p.params(*_random_params(rng, d))
+    w, b = p.params(*p.random_params(rng, d))
     dy = _designed_dy(p, rng, x, w)
     return dy, x, w, b, rng
 
 
 @_check("paths", "dx has the terms through the mean and the variance, with the right signs")
 def check_paths(p: BackwardProbe) -> CheckResult:
-    d = p.d(16)
-    if d < 4:
-        return CheckResult("paths", SKIP, f"d={d}",
-                           "needs at least 4 features to tell the three terms of dx apart")
-    dy, x, w, b, _ = _designed_records(p, "paths", 16, d)
-    got = p.rows(dy, x, w, b)
-    t = p.terms(dy, x, w)
-    dec = decompose_dx(got.dx, t)
+    read = read_paths(p)
+    if isinstance(read, CheckResult):
+        return read
+    d, got, t, dec = read
     tol = p.tol(d)
-    if not np.isfinite(got.dx).all():
-        return CheckResult("paths", FAIL, "non-finite dx", "non-finite dx for plain records")
     r_eff = dec.rstd[:, None]
     models = {k: [model_dx(t, rstd=r_eff, mean_path=a, var_path=v, sign=s)]
               for k, (a, v, s) in PATH_MODELS.items()}
@@ -406,22 +414,44 @@ def check_paths(p: BackwardProbe) -> CheckResult:
         return CheckResult("paths", PASS, figure,
                            f"dx = {FORMULA}: the gradient flows through the mean and the "
                            f"variance{note}", values)
-    fitting = sorted({k for k in PATH_DEFECTS if result.fits(k)})
+    return path_defect(result, PATH_DEFECTS, FORMULA, "the mean and the variance", figure,
+                       values)
+
+
+def read_paths(p: BackwardProbe) -> Union[CheckResult, Tuple[int, Grads, Terms, Decomposition]]:
+    """The paths checks' measurement: dx of designed records, their terms and
+    dx's decomposition (or why the check cannot go on)."""
+    d = p.d(16)
+    if d < 4:
+        return CheckResult("paths", SKIP, f"d={d}",
+                           "needs at least 4 features to tell the three terms of dx apart")
+    dy, x, w, b, _ = _designed_records(p, "paths", 16, d)
+    got = p.rows(dy, x, w, b)
+    if not np.isfinite(got.dx).all():
+        return CheckResult("paths", FAIL, "non-finite dx", "non-finite dx for plain records")
+    t = p.terms(dy, x, w)
+    return d, got, t, decompose_dx(got.dx, t)
+
+
+def path_defect(result: Fit[str], defects: Mapping[str, str], formula: str, terms: str,
+                figure: str, values: Dict[str, Any]) -> CheckResult:
+    """The failed paths check: the one defect whose model fits, or why none
+    can be named (``terms``: what dx's terms go through, for the report)."""
+    fitting = sorted({k for k in defects if result.fits(k)})
     if len(fitting) == 1:
-        (key,) = fitting
-        return CheckResult("paths", FAIL, figure,
-                           f"{PATH_DEFECTS[key]}; dx must be {FORMULA}", values)
+        return CheckResult("paths", FAIL, figure, f"{defects[fitting[0]]}; dx must be {formula}",
+                           values)
     if fitting:
         return CheckResult("paths", FAIL, figure,
                            "dx is wrong, and the tolerance is too loose to tell which defect: it "
-                           f"fits {' and '.join(fitting)}; dx must be {FORMULA}", values)
+                           f"fits {' and '.join(fitting)}; dx must be {formula}", values)
     return CheckResult("paths", FAIL, figure,
-                       "dx " + _no_fit("combination of the terms through g, the mean and the "
-                                       "variance", result), values)
+                       "dx " + _no_fit(f"combination of the terms through g, {terms}", result),
+                       values)
 
 
-def fit_dx(got: NDArray[Any], models: Dict[str, List[NDArray[Any]]], tol: BackwardTolerance,
-           t: Terms) -> Fit[str]:
+def fit_dx(got: NDArray[Any], models: Mapping[K, List[NDArray[Any]]], tol: BackwardTolerance,
+           t: Terms) -> Fit[K]:
     """:func:`~._numerics.fit` of dx in units of each record's scale."""
     s = t.scale
     return fit([got / s], {k: [m / s for m in v] for k, v in models.items()}, tol.dx)
@@ -529,13 +559,9 @@ COMMON_EPS = (1e-12, 1e-8, 1e-6, 1e-5, 1e-3)
 
 @_check("eps", "the backward uses the forward's eps, inside the square root")
 def check_eps(p: BackwardProbe) -> CheckResult:
-    if p.impl.takes_eps:
-        eps_values = sorted({e for e in (p.eps, 0.1, 1.0) if e > 0})
-    elif p.eps > 0:
-        eps_values = [p.eps]
-    else:
-        return CheckResult("eps", SKIP, "eps=0",
-                           "the implementation takes no eps and uses eps=0: nothing to probe")
+    eps_values = eps_probes(p)
+    if not eps_values:
+        return _no_eps()
     d = p.d(16)
     if d < 4:
         return CheckResult("eps", SKIP, f"d={d}", "needs at least 4 features")
@@ -571,16 +597,20 @@ def check_eps(p: BackwardProbe) -> CheckResult:
     figure = ("eps in use " + ", ".join(f"{e:.3g}" for e in in_use)
               + (" (on the std)" if best_mode == "std" else "") + f" for eps {shown}")
     values = {"eps": eps_values, "estimates": in_use, "placement": best_mode}
+    # An RMSNorm's statistic is the mean square, whose root has eps outside.
+    v, stat, std_words = (("var", "variance", "eps added to the standard deviation")
+                          if p.op.key == "layer_norm" else
+                          ("mean(x^2)", "mean square", "eps outside the square root"))
     if fits_with(eps_values):
         return CheckResult("eps", PASS, figure,
-                           f"the backward's rstd is 1 / sqrt(var + eps) with the forward's eps "
+                           f"the backward's rstd is 1 / sqrt({v} + eps) with the forward's eps "
                            f"= {shown}{sample}", values)
     lead = "eps different from the forward's: "
-    where = f"on records with variance 0.01 to 10 times eps (eps = {shown}) "
+    where = f"on records with {stat} 0.01 to 10 times eps (eps = {shown}) "
     if fits_with([0.0] * len(eps_values)):
-        why = "eps ignored in the backward: its rstd is 1 / sqrt(var), as if eps were 0"
+        why = f"eps ignored in the backward: its rstd is 1 / sqrt({v}), as if eps were 0"
     elif fits_with([2 * e for e in eps_values]):
-        why = "eps applied twice in the backward: its rstd is 1 / sqrt(var + 2*eps)"
+        why = f"eps applied twice in the backward: its rstd is 1 / sqrt({v} + 2*eps)"
     else:
         constant = float(np.median(estimates))
         nearest = min(COMMON_EPS, key=lambda c: abs(math.log(c / constant))
@@ -590,8 +620,8 @@ def check_eps(p: BackwardProbe) -> CheckResult:
         if best_mode == "std" and std_units <= 1:
             on = ("the forward's eps" if fits_with(eps_values, "std") else
                   "eps = " + ", ".join(f"{e:.3g}" for e in std_values))
-            why = ("eps added to the standard deviation in the backward: its rstd is "
-                   f"1 / (sqrt(var) + eps) with {on}, instead of 1 / sqrt(var + eps)")
+            why = (f"{std_words} in the backward: its rstd is "
+                   f"1 / (sqrt({v}) + eps) with {on}, instead of 1 / sqrt({v} + eps)")
         elif len(eps_values) > 1 and fits_with([nearest] * len(eps_values)):
             why = (f"the backward does not use the eps it is given: it uses eps = {nearest:g} "
                    "whatever the forward's (a hard-coded or default eps)")
@@ -604,11 +634,11 @@ def check_eps(p: BackwardProbe) -> CheckResult:
             why = "the backward uses eps = " + ", ".join(f"{e:.3g}" for e in estimates)
         else:
             return CheckResult("eps", FAIL, figure,
-                               where + "the backward's rstd fits 1 / sqrt(var + eps) with no "
-                               "eps (nor 1 / (sqrt(var) + eps)); another failed check may name "
+                               where + f"the backward's rstd fits 1 / sqrt({v} + eps) with no "
+                               f"eps (nor 1 / (sqrt({v}) + eps)); another failed check may name "
                                "a defect that hides this one", values)
     return CheckResult("eps", FAIL, figure,
-                       f"{lead}{why}{sample}; {where}it must be 1 / sqrt(var + eps) with the "
+                       f"{lead}{why}{sample}; {where}it must be 1 / sqrt({v} + eps) with the "
                        "forward's eps", values)
 
 
@@ -691,7 +721,8 @@ def check_param_grads(p: BackwardProbe) -> CheckResult:
     figure = ", ".join(figures)
     if not findings:
         return CheckResult("param_grads", PASS, figure,
-                           "every record adds dy * xhat to dweight and dy to dbias", values)
+                           "every record adds dy * xhat to dweight"
+                           + (" and dy to dbias" if p.impl.returns_dbias else ""), values)
     if findings.get("dweight") == "swapped" and findings.get("dbias") == "swapped":
         return CheckResult("param_grads", FAIL, figure,
                            "dweight and dbias swapped: dweight = sum(dy) and dbias = "
@@ -760,7 +791,7 @@ def check_param_sums(p: BackwardProbe) -> CheckResult:
     rng = p.rng("param_sums")
     x = p.cast(rng.standard_normal(lead + (d,)) * 2 + rng.uniform(-2, 2, lead + (1,)))
     dy = p.cast(rng.standard_normal(lead + (d,)) + 0.5)
-    w, b = p.params(*_random_params(rng, d))
+    w, b = p.params(*p.random_params(rng, d))
     flat_x, flat_dy = x.reshape(n, d), dy.reshape(n, d)
     # Each record's own contribution, through the implementation itself (a
     # record alone), so only the summation is measured here.
@@ -834,7 +865,7 @@ def check_coupling(p: BackwardProbe) -> CheckResult:
     rng = p.rng("coupling")
     x = p.cast(rng.standard_normal(lead + (d,)))
     dy = p.cast(rng.standard_normal(lead + (d,)))
-    w, b = p.params(*_random_params(rng, d))
+    w, b = p.params(*p.random_params(rng, d))
     at = tuple(k // 2 for k in lead)
     changed_x, changed_dy = x.copy(), dy.copy()
     changed_x[at] = p.cast(x[at] * 10 + 5)
@@ -913,7 +944,7 @@ def check_state(p: BackwardProbe) -> CheckResult:
     rng = p.rng("state")
     x = p.cast(rng.standard_normal(lead + (d,)))
     dy = p.cast(rng.standard_normal(lead + (d,)))
-    w, b = p.params(*_random_params(rng, d))
+    w, b = p.params(*p.random_params(rng, d))
     # Parameter gradients of the wrong shape are the param_sums check's
     # business: here they are compared only if shaped (d,).
     # A call with dy = 0 first: its parameter gradients are 0, unless the
@@ -984,7 +1015,7 @@ def check_cancellation(p: BackwardProbe) -> CheckResult:
     rng = p.rng("cancellation")
     z = _standard_rows(rng, 8, d)
     dy = p.cast(rng.standard_normal((8, d)))
-    unit = float(np.finfo(p.dtype).eps) / 2
+    unit = unit_roundoff(p.dtype)
     w, b = p.identity_params(d)
     tol = p.tol(d)
     errors: List[float] = []
@@ -1134,7 +1165,7 @@ def check_nonfinite(p: BackwardProbe) -> CheckResult:
     rng = p.rng("nonfinite")
     x = p.cast(rng.standard_normal(lead + (d,)))
     dy = p.cast(rng.standard_normal(lead + (d,)))
-    w, b = p.params(*_random_params(rng, d))
+    w, b = p.params(*p.random_params(rng, d))
     clean = p.call_raw(dy, x, w, b, any_param_shape=True)  # only dx is read
     tol = p.tol(d)
     t = p.terms(dy.reshape(-1, d), x.reshape(-1, d), w)
@@ -1181,7 +1212,7 @@ def check_param_invariance(p: BackwardProbe) -> CheckResult:
     n = math.prod(lead)
     x = p.cast(rng.standard_normal((n, d)) * 3 + 1)
     dy = p.cast(rng.standard_normal((n, d)))
-    w, b = p.params(*_random_params(rng, d))
+    w, b = p.params(*p.random_params(rng, d))
 
     def run(order: NDArray[Any], shape: Tuple[int, ...]) -> Grads:
         return p.call_raw(dy[order].reshape(shape + (d,)), x[order].reshape(shape + (d,)), w, b,

@@ -106,14 +106,20 @@ class Terms:
 
 
 def record_terms(dy: npt.ArrayLike, x: npt.ArrayLike, weight: Optional[npt.ArrayLike],
-                 eps: float) -> Terms:
+                 eps: float, *, centered: bool = True, plus_one: bool = False) -> Terms:
     """:class:`Terms` of exactly the values passed (plain float64: the
-    checks' records are well scaled)."""
+    checks' records are well scaled).
+
+    For an RMSNorm (``centered=False``) ``c`` is x itself and ``var`` the
+    mean square; ``plus_one`` scales ``g`` by ``1 + weight``. dx's models
+    and decomposition then read the same: RMSNorm's dx is LayerNorm's with
+    no mean path (``mean_path=0``)."""
     x64 = np.asarray(x, np.float64)
     g = np.asarray(dy, np.float64)
     if weight is not None:
-        g = g * np.asarray(weight, np.float64)
-    c = x64 - x64.mean(axis=-1, keepdims=True)
+        w = np.asarray(weight, np.float64)
+        g = g * (1.0 + w if plus_one else w)
+    c = x64 - x64.mean(axis=-1, keepdims=True) if centered else x64
     var = (c * c).mean(axis=-1, keepdims=True)
     with np.errstate(divide="ignore"):
         rstd = 1.0 / np.sqrt(var + eps)

@@ -14,6 +14,7 @@ from ._adapters import OutputError
 from ._backward_adapters import BackwardImplementation, Grads
 from ._backward_numerics import BackwardTolerance, Terms, backward_tolerance, record_terms
 from ._numerics import Tolerance
+from ._ops import LAYER_NORM, Op, is_float
 from ._probe import ImplementationError, Param, ProbeBase, _describe, _first_line
 
 __all__ = ["BackwardProbe"]
@@ -44,8 +45,8 @@ class BackwardProbe(ProbeBase[BackwardImplementation]):
 
     def __init__(self, impl: BackwardImplementation, dtype: npt.DTypeLike, eps: float,
                  tol: Optional[Tolerance] = None, seed: int = 0,
-                 strict_batch_invariance: bool = False):
-        super().__init__(impl, dtype, eps, seed, strict_batch_invariance)
+                 strict_batch_invariance: bool = False, op: Op = LAYER_NORM):
+        super().__init__(impl, dtype, eps, seed, strict_batch_invariance, op)
         self.override = tol
 
     def tol(self, d: int, dtype: Optional[npt.DTypeLike] = None) -> BackwardTolerance:
@@ -110,12 +111,12 @@ class BackwardProbe(ProbeBase[BackwardImplementation]):
                     f"{x.shape}: a parameter gradient has the parameter's shape "
                     f"{x.shape[-1:]}, summed over every record (the param_sums check names "
                     "the axes it was summed over)", f"{name} shape {a.shape}")
-            if a is not None and a.dtype.kind not in "fiu":
+            if a is not None and a.dtype.kind not in "iu" and not is_float(a.dtype):
                 raise ImplementationError(f"{self.impl.name} returned {name} of dtype "
                                           f"{a.dtype}; expected real numbers",
                                           f"{name} {a.dtype}")
             out[name] = a
-        if dx.dtype.kind not in "fiu":
+        if dx.dtype.kind not in "iu" and not is_float(dx.dtype):
             raise ImplementationError(f"{self.impl.name} returned dx of dtype {dx.dtype}; "
                                       "expected real numbers", f"dx {dx.dtype}")
         return Grads(dx, out["dweight"], out["dbias"])
@@ -167,15 +168,26 @@ class BackwardProbe(ProbeBase[BackwardImplementation]):
     def reference(self, dy: npt.ArrayLike, x: npt.ArrayLike,
                   weight: Optional[npt.ArrayLike] = None,
                   eps: Optional[float] = None) -> ReferenceGrads:
-        """:func:`layernorm_c.reference_layer_norm_backward` of exactly these
-        inputs."""
-        return reference_layer_norm_backward(dy, x, weight, self.eps if eps is None else eps)
+        """The op's float64 reference backward
+        (:func:`layernorm_c.reference_layer_norm_backward` or
+        :func:`layernorm_c.reference_rms_norm_backward`) of exactly these
+        inputs; an RMSNorm's ``dbias`` is the sum of dy (it has no bias, and
+        nothing compares it)."""
+        e = self.eps if eps is None else eps
+        if self.op.key == "layer_norm":
+            got: ReferenceGrads = reference_layer_norm_backward(dy, x, weight, e)
+            return got
+        rms = self.op.reference_backward(dy, x, weight, e)
+        d = np.shape(x)[-1]
+        return ReferenceGrads(rms.dx, rms.dweight,
+                              np.asarray(dy, np.float64).reshape(-1, d).sum(axis=0))
 
     def terms(self, dy: npt.ArrayLike, x: npt.ArrayLike, weight: Optional[npt.ArrayLike] = None,
               eps: Optional[float] = None) -> Terms:
         """The records' :class:`~._backward_numerics.Terms` (exactly these
         inputs, float64)."""
-        return record_terms(dy, x, weight, self.eps if eps is None else eps)
+        return record_terms(dy, x, weight, self.eps if eps is None else eps,
+                            centered=self.op.key == "layer_norm", plus_one=self.op.plus_one)
 
 
 def _flattened(g: Grads) -> Grads:

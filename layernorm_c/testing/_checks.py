@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 from numpy.typing import NDArray
 
 from .._cases import WORKED_EXAMPLES
 from ._numerics import EPS_MODES, TOLERANCES, Fit, fit, model_layer_norm, ulp_distance
-from ._probe import ImplementationError, Param, Probe
+from ._ops import is_float, unit_roundoff
+from ._probe import ImplementationError, Param, Params, Probe, ProbeBase
 from ._report import FAIL, PASS, SKIP, WARN, CheckResult
 
 __all__ = ["Check", "CHECKS", "REGISTRY", "run_check"]
@@ -38,18 +39,22 @@ REGISTRY: Dict[str, Check] = {}
 CheckFunction = Callable[[Probe], CheckResult]
 
 
-def _check(name: str, title: str) -> Callable[[CheckFunction], CheckFunction]:
+def _check(name: str, title: str, registry: Optional[Dict[str, Check]] = None
+           ) -> Callable[[CheckFunction], CheckFunction]:
+    """Register a check in ``registry`` (default the LayerNorm battery's)."""
     def register(run: CheckFunction) -> CheckFunction:
-        REGISTRY[name] = Check(name, title, run)
+        (REGISTRY if registry is None else registry)[name] = Check(name, title, run)
         return run
     return register
 
 
-def run_check(name: str, probe: Probe) -> CheckResult:
-    """Run one check; an implementation that raises or returns a wrong shape
-    fails it with that message."""
+def run_check(name: str, probe: Probe, registry: Optional[Mapping[str, Check]] = None
+              ) -> CheckResult:
+    """Run one check of ``registry`` (default the LayerNorm battery's); an
+    implementation that raises or returns a wrong shape fails it with that
+    message."""
     try:
-        return REGISTRY[name].run(probe)
+        return (REGISTRY if registry is None else registry)[name].run(probe)
     except ImplementationError as exc:
         return CheckResult(name, FAIL, exc.figure, str(exc))
 
@@ -87,12 +92,6 @@ def _standard_rows(rng: np.random.Generator, n: int, d: int) -> NDArray[Any]:
     std = np.sqrt((z * z).mean(axis=-1, keepdims=True))
     rows: NDArray[Any] = z / np.where(std > 0, std, 1.0)
     return rows
-
-
-def _random_params(rng: np.random.Generator, d: int) -> Tuple[NDArray[Any], NDArray[Any]]:
-    """A gain of either sign away from 0 and a bias of order 1."""
-    weight = rng.uniform(0.5, 2.0, d) * rng.choice([-1.0, 1.0], d)
-    return weight, rng.normal(0.0, 1.0, d)
 
 
 def _fmt_row(values: Sequence[float], n: int = 4, decimals: int = 6) -> str:
@@ -140,7 +139,7 @@ def check_contract(p: Probe) -> CheckResult:
     d, lead = p.d(16), p.lead((2, 3))
     rng = p.rng("contract")
     x = p.cast(rng.standard_normal(lead + (d,)) * 2 + 1)
-    w, b = p.params(*_random_params(rng, d))
+    w, b = p.params(*p.random_params(rng, d))
     inputs = {"x": x, "weight": w, "bias": b}
     before = {k: v.copy() for k, v in inputs.items() if v is not None}
     y = p.call_raw(x, w, b, copy=False)
@@ -149,14 +148,15 @@ def check_contract(p: Probe) -> CheckResult:
                 if not np.array_equal(v, np.asarray(inputs[k]), equal_nan=True)]
     if modified:
         return CheckResult("contract", FAIL, figure,
-                           f"modifies its input {' and '.join(modified)} in place; a LayerNorm "
-                           "must leave its arguments unchanged (write to a new array)")
+                           f"modifies its input {' and '.join(modified)} in place; a "
+                           f"{p.op.name} must leave its arguments unchanged (write to a new "
+                           "array)")
     if not np.isfinite(y).all():
         return CheckResult("contract", FAIL, figure,
                            "non-finite output for finite, well-scaled input")
-    if y.dtype.kind != "f":
+    if not is_float(y.dtype):
         return CheckResult("contract", FAIL, figure,
-                           f"returns {y.dtype}: a LayerNorm output is floating point")
+                           f"returns {y.dtype}: a {p.op.name} output is floating point")
     if y.dtype.itemsize < x.dtype.itemsize:
         return CheckResult("contract", WARN, figure,
                            f"returns {y.dtype} for {x.dtype} input: precision is lost on "
@@ -174,30 +174,38 @@ HAND_ROWS = WORKED_EXAMPLES
 
 @_check("hand_rows", "the worked examples [1, 2, 3, 4] and [10, 12, 8, 14]")
 def check_hand_rows(p: Probe) -> CheckResult:
+    return hand_rows(p, [(ex.row, f"{_fmt_numbers(ex.row)} (mean {ex.mean:g}, variance "
+                                  f"{ex.var:g})") for ex in HAND_ROWS])
+
+
+def hand_rows(p: Probe, examples: Sequence[Tuple[Sequence[float], str]]) -> CheckResult:
+    """The worked examples ``(record, how a report describes it)``, repeated
+    to the feature size (a multiple of 4), at eps 0 where the implementation
+    takes eps, scale 1."""
     d = p.d(4)
     if d % 4:
+        sizes = " and ".join(str(n) for n in sorted({len(row) for row, _ in examples}))
         return CheckResult("hand_rows", SKIP, f"d={d}",
-                           f"the worked examples have 4 features; the fixed d={d} is not a "
-                           "multiple of 4 to repeat them")
+                           f"the worked examples have {sizes} features; the fixed d={d} is not "
+                           "a multiple of 4 to repeat them")
     eps = 0.0 if p.impl.takes_eps else p.eps
-    x = p.cast([np.tile(row, d // 4) for row, *_ in HAND_ROWS])
+    x = p.cast([np.tile(row, d // len(row)) for row, _ in examples])
     got = p.rows(x, *p.identity_params(d), eps=eps)
-    want = p.reference(x, eps=eps)
+    want = p.reference(x, *p.identity_params(d), eps=eps)
     bad = np.flatnonzero(_record_errors(p, got, want) > 1)
     figure = f"max error {_max_abs_error(got, want):.2g}"
     if len(bad):
         # Enough decimals to show a difference the tolerance cares about.
         decimals = max(6, math.ceil(-math.log10(p.tol.atol)) + 1) if p.tol.atol > 0 else 6
         wrong = "; ".join(
-            f"{_fmt_numbers(HAND_ROWS[i][0])} (mean {HAND_ROWS[i][1]:g}, variance "
-            f"{HAND_ROWS[i][2]:g}) gave {_fmt_row(got[i], decimals=decimals)} instead of "
+            f"{examples[int(i)][1]} gave {_fmt_row(got[i], decimals=decimals)} instead of "
             f"{_fmt_row(want[i], decimals=decimals)}" for i in bad)
         return CheckResult("hand_rows", FAIL, figure,
                            f"wrong on the worked examples at eps={eps:g}: {wrong}. The checks "
                            "below name the likely cause")
-    return CheckResult("hand_rows", PASS, figure,
-                       f"[1, 2, 3, 4] -> {_fmt_row(got[0])} and [10, 12, 8, 14] -> "
-                       f"{_fmt_row(got[1])} at eps={eps:g}")
+    shown = " and ".join(f"{_fmt_numbers(row)} -> {_fmt_row(got[i])}"
+                         for i, (row, _) in enumerate(examples))
+    return CheckResult("hand_rows", PASS, figure, f"{shown} at eps={eps:g}")
 
 
 @_check("reference", "agreement with reference_layer_norm (float64) on random data")
@@ -209,7 +217,7 @@ def check_reference(p: Probe) -> CheckResult:
     scale = np.exp(rng.uniform(np.log(0.5), np.log(5.0), lead + (1,)))
     offset = rng.uniform(-2.0, 2.0, lead + (1,)) * scale
     x = p.cast(rng.standard_normal(lead + (d,)) * scale + offset)
-    w, b = p.params(*_random_params(rng, d))
+    w, b = p.params(*p.random_params(rng, d))
     got = p.call(x, w, b)
     want = p.reference(x, w, b)
     units = p.tol.units(got, want)
@@ -217,13 +225,14 @@ def check_reference(p: Probe) -> CheckResult:
     figure = f"max error {_max_abs_error(got, want):.2g} ({units.max():.2g} x tol)"
     if units.max() > 1:
         return CheckResult("reference", FAIL, figure,
-                           f"differs from reference_layer_norm (float64) beyond {p.tol}: at "
+                           f"differs from {p.op.reference_name} (float64) beyond {p.tol}: at "
                            f"record {_fmt_index(worst[:-1])}, feature {worst[-1]} it gives "
                            f"{got[worst]:.7g} instead of {want[worst]:.7g}. The checks below "
                            "name the likely cause", {"units": float(units.max())})
     return CheckResult("reference", PASS, figure,
-                       f"within {p.tol} of reference_layer_norm (float64) on "
-                       f"{math.prod(lead)} random records, random weight and bias",
+                       f"within {p.tol} of {p.op.reference_name} (float64) on "
+                       f"{math.prod(lead)} random records, random "
+                       + ("weight and bias" if p.impl.takes_bias else "weight"),
                        {"units": float(units.max())})
 
 
@@ -312,6 +321,38 @@ def check_variance(p: Probe) -> CheckResult:
                                  f"({sample:.4f})", result), values)
 
 
+def eps_probes(p: ProbeBase[Any]) -> List[float]:
+    """The eps values an eps check probes: the audit's, 0.1 and 1 where the
+    implementation takes eps, else its own; none when that is 0."""
+    if p.impl.takes_eps:
+        return sorted({e for e in (p.eps, 0.1, 1.0) if e > 0})
+    return [p.eps] if p.eps > 0 else []
+
+
+def eps_runs(p: Probe, eps_values: Sequence[float], params: Params
+             ) -> Tuple[List[NDArray[Any]], List[NDArray[Any]], float]:
+    """For each eps, records whose variance (mean square: their mean is 0)
+    is 0.01, 0.1, 1 and 10 times eps, where the placements of eps differ by
+    up to a factor of ten, and the outputs with ``params``; and the output
+    over the reference of the record at eps itself (at the largest eps), as
+    a figure."""
+    d = p.d(16)
+    rng = p.rng("eps")
+    ratios = np.array([0.01, 0.1, 1.0, 10.0])
+    xs, outputs = [], []
+    for e in eps_values:
+        x = p.cast(_standard_rows(rng, len(ratios), d) * np.sqrt(ratios * e)[:, None])
+        xs.append(x)
+        outputs.append(p.rows(x, *params, eps=e))
+    ratio = _scale_ratio(outputs[-1][2], p.reference(xs[-1][2], *params, eps=eps_values[-1]))
+    return xs, outputs, ratio
+
+
+def _no_eps() -> CheckResult:
+    return CheckResult("eps", SKIP, "eps=0",
+                       "the implementation takes no eps and uses eps=0: nothing to probe")
+
+
 #: How each eps placement reads in a report.
 EPS_FORMULAS = {
     "variance": "(x - mean) / sqrt(var + eps)",
@@ -328,27 +369,11 @@ EPS_DEFECTS = {
 
 @_check("eps", "eps added once, to the variance, inside the square root")
 def check_eps(p: Probe) -> CheckResult:
-    if p.impl.takes_eps:
-        eps_values = sorted({e for e in (p.eps, 0.1, 1.0) if e > 0})
-    elif p.eps > 0:
-        eps_values = [p.eps]
-    else:
-        return CheckResult("eps", SKIP, "eps=0",
-                           "the implementation takes no eps and uses eps=0: nothing to probe")
-    d = p.d(16)
-    rng = p.rng("eps")
-    # Records whose variance is 0.01, 0.1, 1 and 10 times eps: there the
-    # placements of eps differ by up to a factor of ten.
-    ratios = np.array([0.01, 0.1, 1.0, 10.0])
-    identity = p.identity_params(d)
-    xs, outputs = [], []
-    for e in eps_values:
-        x = p.cast(_standard_rows(rng, len(ratios), d) * np.sqrt(ratios * e)[:, None])
-        xs.append(x)
-        outputs.append(p.rows(x, *identity, eps=e))
+    eps_values = eps_probes(p)
+    if not eps_values:
+        return _no_eps()
+    xs, outputs, ratio = eps_runs(p, eps_values, p.identity_params(p.d(16)))
     result = _convention_fit(p, xs, outputs, eps_values)
-    # The record with variance = eps at the largest eps, as a figure.
-    ratio = _scale_ratio(outputs[-1][2], p.reference(xs[-1][2], eps=eps_values[-1]))
     shown = ", ".join(f"{e:g}" for e in eps_values)
     figure = f"var = eps record x{ratio:.3f} of reference"
     values = {"scores": {f"{k[1]}, ddof={k[0]}": v for k, v in result.scores.items()}}
@@ -423,7 +448,7 @@ def check_affine(p: Probe) -> CheckResult:
     x = p.cast(_standard_rows(rng, d, d) * 2 + 1)
     first_gain = np.ones(d)
     first_gain[0] = 2.0
-    probes = [p.params(first_gain, np.zeros(d)), p.params(*_random_params(rng, d))]
+    probes = [p.params(first_gain, np.zeros(d)), p.params(*p.random_params(rng, d))]
     outputs = [p.rows(x, w, b) for w, b in probes]
     predictions = [_affine_predictions(p, x, w, b) for w, b in probes]
     keys = [k for k, (_, needs) in AFFINE_MODELS.items()
@@ -482,7 +507,7 @@ def check_coupling(p: Probe) -> CheckResult:
     d = p.d(16)
     rng = p.rng("coupling")
     x = p.cast(rng.standard_normal(lead + (d,)))
-    w, b = p.params(*_random_params(rng, d))
+    w, b = p.params(*p.random_params(rng, d))
     at = tuple(k // 2 for k in lead)
     changed = x.copy()
     changed[at] = p.cast(x[at] * 10 + 5)
@@ -531,7 +556,7 @@ def check_state(p: Probe) -> CheckResult:
     d, lead = p.d(16), p.lead((2, 3))
     rng = p.rng("state")
     x = p.cast(rng.standard_normal(lead + (d,)))
-    w, b = p.params(*_random_params(rng, d))
+    w, b = p.params(*p.random_params(rng, d))
     first = p.call_raw(x, w, b)
     others = [(100.0, 50.0), (0.01, -3.0), (1.0, 1000.0)]
     for scale, offset in others:
@@ -564,7 +589,7 @@ def check_cancellation(p: Probe) -> CheckResult:
     d = p.d(64)
     rng = p.rng("cancellation")
     z = _standard_rows(rng, 8, d)
-    unit = float(np.finfo(p.dtype).eps) / 2
+    unit = unit_roundoff(p.dtype)
     identity = p.identity_params(d)
     errors: List[float] = []
     excess: List[float] = []
@@ -634,6 +659,30 @@ def _growth_per_decade(errors: Sequence[float]) -> float:
 
 @_check("float16_overflow", "float16 inputs up to 65504 give finite, accurate outputs")
 def check_float16_overflow(p: Probe) -> CheckResult:
+    return float16_overflow(p, _scaled_down)
+
+
+#: What a float16 record with large values should give, from the
+#: implementation itself: ``expected(p, x, weight)`` for the stack ``x``,
+#: with a phrase saying what it is.
+Expected = Callable[[Probe, NDArray[Any], Param], Tuple[NDArray[Any], str]]
+
+
+def _scaled_down(p: Probe, x: NDArray[Any], weight: Param) -> Tuple[NDArray[Any], str]:
+    """The same records scaled down by 2**13 (65504 -> 8), through the same
+    implementation: LayerNorm does not care about scale, so whatever differs
+    (beyond what the reference says eps changes) is the cost of large
+    values, whatever else the implementation gets wrong."""
+    small = p.cast(x * 2.0 ** -13, np.float16)
+    got_small = p.rows(small, weight, p.identity_params(x.shape[-1], np.float16)[1],
+                       dtype=np.float16)
+    return (got_small + p.reference(x) - p.reference(small),
+            "the same records scaled down by 2^13")
+
+
+def float16_overflow(p: Probe, expected: Expected) -> CheckResult:
+    """The float16 overflow check, comparing large records with what
+    ``expected`` derives from the implementation."""
     d = p.d(16)
     rng = p.rng("float16_overflow")
     top = float(np.finfo(np.float16).max)  # 65504
@@ -655,23 +704,17 @@ def check_float16_overflow(p: Probe) -> CheckResult:
                            f"does not accept float16 input: {exc}")
     if not _identical(p.rows(x, *identity, dtype=np.float16), got):
         return _unrepeatable("float16_overflow")
-    # The same records scaled down by 2**13 (65504 -> 8), through the same
-    # implementation: LayerNorm does not care about scale, so whatever
-    # differs (beyond what the reference says eps changes) is the cost of
-    # large values, whatever else the implementation gets wrong.
-    small = p.cast(x * 2.0 ** -13, np.float16)
-    got_small = p.rows(small, *identity, dtype=np.float16)
     tol = p.tol if p.dtype == np.float16 else TOLERANCES[np.dtype(np.float16)]
     want = p.reference(x)
-    scale_units = tol.units(got, got_small + want - p.reference(small)).max(axis=-1)[:-1]
+    like, what = expected(p, x, identity[0])
+    scale_units = tol.units(got, like).max(axis=-1)[:-1]
     nonfinite = [names[i] for i in np.flatnonzero(~np.isfinite(got[:-1]).all(axis=-1))]
     figure = (f"{len(nonfinite)}/{len(names)} large records non-finite" if nonfinite
               else f"max error {_max_abs_error(got, want):.2g}")
     if not np.isfinite(got[-1]).all():
         return CheckResult("float16_overflow", FAIL, figure,
                            "non-finite outputs even for plain float16 records")
-    advice = ("the statistics are computed in float16, where sums and squares overflow "
-              "above 65504 (the square of anything above 256 does); compute them in float32")
+    advice = p.op.overflow_advice
     if nonfinite:
         return CheckResult("float16_overflow", FAIL, figure,
                            f"float16 overflow: records with values up to 65504 came out "
@@ -680,12 +723,12 @@ def check_float16_overflow(p: Probe) -> CheckResult:
         worst = names[int(np.argmax(scale_units))]
         return CheckResult("float16_overflow", FAIL, figure,
                            "float16 overflow: records with values up to 65504 come out "
-                           "differently from the same records scaled down by 2^13 (worst: "
+                           f"differently from {what} (worst: "
                            f"{worst}, {scale_units.max():.3g} x tol): {advice}")
     if tol.worst(got, want) > 1:
         return CheckResult("float16_overflow", PASS, figure,
                            "finite outputs for float16 inputs up to +-65504, the same as for "
-                           "the records scaled down; accuracy is the reference check's business")
+                           f"{what}; accuracy is the reference check's business")
     return CheckResult("float16_overflow", PASS, figure,
                        "float16 records with values up to +-65504 give finite outputs "
                        "within float16 tolerance")
@@ -701,7 +744,7 @@ def check_nonfinite(p: Probe) -> CheckResult:
     d = p.d(16)
     rng = p.rng("nonfinite")
     x = p.cast(rng.standard_normal(lead + (d,)))
-    w, b = p.params(*_random_params(rng, d))
+    w, b = p.params(*p.random_params(rng, d))
     clean = p.call_raw(x, w, b)
     spots = [tuple(int(i) for i in np.unravel_index(k, lead)) for k in (n // 3, (2 * n) // 3)]
     if spots[0] == spots[1]:
@@ -739,7 +782,7 @@ def check_batch_invariance(p: Probe) -> CheckResult:
     # A few records, each placed in every layout among random neighbours:
     # rounding differences only show for some values.
     records = p.cast(rng.standard_normal((4, d)) * 3 + 1)
-    w, b = p.params(*_random_params(rng, d))
+    w, b = p.params(*p.random_params(rng, d))
     if p.fixed_lead:
         lead = p.fixed_leading_shape()
         n = math.prod(lead)

@@ -1,7 +1,9 @@
-"""Command line: ``python -m layernorm_c audit [--backward] module:function [options]``.
+"""Command line: ``python -m layernorm_c audit [--op rms_norm] [--backward] module:function
+[options]``.
 
-Runs the validation battery on an importable LayerNorm (with ``--backward``,
-the backward battery on a LayerNorm backward) and prints the report; the
+Runs the validation battery on an importable LayerNorm (with ``--op
+rms_norm``, an RMSNorm; with ``--backward``, the backward battery on a
+backward) and prints the report; the
 exit code is 0 when every check passed (warnings allowed), 1 when one
 failed, 2 for a usage error (bad option, target not found).
 """
@@ -14,10 +16,11 @@ import os
 import sys
 from pathlib import Path
 from types import ModuleType
-from typing import Any, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ._adapters import DEFAULT_SIGNATURE, FRAMEWORKS
 from ._backward_adapters import DEFAULT_BACKWARD_SIGNATURE
+from ._ops import CONVENTIONS, OPS
 
 __all__ = ["main", "build_parser", "load_target"]
 
@@ -26,21 +29,31 @@ PROG = "python -m layernorm_c audit"
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``audit`` command."""
-    from . import describe_backward_checks, describe_checks
+    from . import (describe_backward_checks, describe_checks, describe_rms_backward_checks,
+                   describe_rms_checks)
 
     parser = argparse.ArgumentParser(
         prog=PROG,
         description="Validate a LayerNorm implementation: run every check of "
                     "layernorm_c.testing and print what is wrong, if anything. With "
-                    "--backward, validate a LayerNorm backward pass instead.",
+                    "--op rms_norm, validate an RMSNorm; with --backward, a backward pass.",
         epilog="checks:\n" + describe_checks()
-               + "\n\nbackward checks (--backward):\n" + describe_backward_checks(),
+               + "\n\nbackward checks (--backward):\n" + describe_backward_checks()
+               + "\n\nRMSNorm checks (--op rms_norm):\n" + describe_rms_checks()
+               + "\n\nRMSNorm backward checks (--op rms_norm --backward):\n"
+               + describe_rms_backward_checks(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("target", nargs="?",
                         help="the implementation, as package.module:function (or "
                              "path/to/file.py:function); attributes may be dotted, e.g. "
                              "mymodel:net.norm for a torch module")
+    parser.add_argument("--op", choices=OPS, default="layer_norm",
+                        help="what the target computes: layer_norm (default) or rms_norm, "
+                             "by default fn(x, weight, eps)")
+    parser.add_argument("--convention", choices=CONVENTIONS, default="weight",
+                        help="with --op rms_norm: how the weight scales, weight (LLaMA, T5; "
+                             "default) or 1+weight (Gemma)")
     parser.add_argument("--backward", action="store_true",
                         help="audit a backward: by default fn(dy, x, weight, bias, eps) -> "
                              "(dx, dweight, dbias); a torch module or F.layer_norm is "
@@ -52,14 +65,17 @@ def build_parser() -> argparse.ArgumentParser:
                              "'x, *, weight, bias, eps'; with --backward (default "
                              f"'{DEFAULT_BACKWARD_SIGNATURE}'), e.g. "
                              "'dy, x, weight, eps -> dx, dweight', or a forward such as "
-                             "'x, weight, bias, eps' for --framework torch or jax")
+                             "'x, weight, bias, eps' for --framework torch or jax; with --op "
+                             "rms_norm the defaults are 'x, weight, eps' and "
+                             "'dy, x, weight, eps -> dx, dweight'")
     parser.add_argument("--framework", choices=FRAMEWORKS, default="auto",
                         help="what the function takes and returns (default: auto)")
-    parser.add_argument("--dtype", choices=("float32", "float64", "float16"),
-                        default="float32", help="input dtype (default: float32)")
+    parser.add_argument("--dtype", choices=("float32", "float64", "float16", "bfloat16"),
+                        default="float32",
+                        help="input dtype (default: float32; bfloat16 needs ml_dtypes)")
     parser.add_argument("--eps", type=float, default=None,
                         help="eps passed to the function, or the one it uses if it takes "
-                             "none (default 1e-5)")
+                             "none (default 1e-5, 1e-6 with --op rms_norm)")
     parser.add_argument("--d", type=int, default=None,
                         help="the only feature size the implementation supports")
     parser.add_argument("--leading-shape", type=_shape, default=None, metavar="N[,N...]",
@@ -94,16 +110,37 @@ def _names(text: str) -> List[str]:
     return [n.strip() for n in text.split(",") if n.strip()]
 
 
-def _unknown_checks(names: Optional[Sequence[str]], backward: bool) -> Optional[str]:
-    """The usage error for check names not in the battery, or None."""
-    from ._backward_checks import BACKWARD_CHECKS
-    from ._checks import CHECKS
+def battery(op: str, backward: bool) -> Tuple[str, Tuple[str, ...], Any]:
+    """What the command runs: the battery's name in messages, its check names
+    and its audit class."""
+    from . import (BACKWARD_CHECKS, CHECKS, RMS_BACKWARD_CHECKS, RMS_CHECKS,
+                   LayerNormAudit, LayerNormBackwardAudit, RMSNormAudit, RMSNormBackwardAudit)
 
-    known = BACKWARD_CHECKS if backward else CHECKS
+    if op == "rms_norm":
+        if backward:
+            return "RMSNorm backward checks", RMS_BACKWARD_CHECKS, RMSNormBackwardAudit
+        return "RMSNorm checks", RMS_CHECKS, RMSNormAudit
+    if backward:
+        return "backward checks", BACKWARD_CHECKS, LayerNormBackwardAudit
+    return "checks", CHECKS, LayerNormAudit
+
+
+def describe(op: str, backward: bool) -> str:
+    """``--list-checks``: the battery's checks, one per line."""
+    from . import (describe_backward_checks, describe_checks, describe_rms_backward_checks,
+                   describe_rms_checks)
+
+    if op == "rms_norm":
+        return describe_rms_backward_checks() if backward else describe_rms_checks()
+    return describe_backward_checks() if backward else describe_checks()
+
+
+def _unknown_checks(names: Optional[Sequence[str]], op: str, backward: bool) -> Optional[str]:
+    """The usage error for check names not in the battery, or None."""
+    which, known, _ = battery(op, backward)
     unknown = [n for n in names or () if n not in known]
     if not unknown:
         return None
-    which = "backward checks" if backward else "checks"
     return (f"argument --checks: unknown {which} {unknown}; expected names from "
             f"{', '.join(known)}")
 
@@ -170,17 +207,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     int
         0 when no check failed, 1 when one did, 2 for a usage error.
     """
-    from . import LayerNormAudit, LayerNormBackwardAudit, describe_backward_checks, describe_checks
-
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help, or a usage error already printed
         return exc.code if isinstance(exc.code, int) else 2
     if args.list_checks:
-        print(describe_backward_checks() if args.backward else describe_checks())
+        print(describe(args.op, args.backward))
         return 0
-    unknown = _unknown_checks(args.checks, args.backward)
+    unknown = _unknown_checks(args.checks, args.op, args.backward)
     if unknown is not None:
         parser.print_usage(sys.stderr)
         print(f"{PROG}: error: {unknown}", file=sys.stderr)
@@ -189,16 +224,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         parser.print_usage(sys.stderr)
         print(f"{PROG}: error: a target package.module:function is required", file=sys.stderr)
         return 2
-    audit: Union[LayerNormAudit, LayerNormBackwardAudit]
+    if args.convention != "weight" and args.op != "rms_norm":
+        parser.print_usage(sys.stderr)
+        print(f"{PROG}: error: --convention goes with --op rms_norm", file=sys.stderr)
+        return 2
+    options: Dict[str, Any] = {"convention": args.convention} if args.op == "rms_norm" else {}
     try:
         fn = load_target(args.target)
-        kind = LayerNormBackwardAudit if args.backward else LayerNormAudit
+        _, _, kind = battery(args.op, args.backward)
         audit = kind(fn, signature=args.signature, framework=args.framework,
                      dtype=args.dtype, eps=args.eps, d=args.d,
                      leading_shape=args.leading_shape, rtol=args.rtol,
                      atol=args.atol, seed=args.seed,
                      strict_batch_invariance=args.strict_batch_invariance,
-                     name=args.target)
+                     name=args.target, **options)
     except (ValueError, TypeError, ImportError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2

@@ -8,8 +8,10 @@ from typing import Any, Dict, Generic, Hashable, Mapping, Optional, Sequence, Ty
 import numpy as np
 import numpy.typing as npt
 
+from ._ops import bfloat16, is_float
+
 __all__ = ["Tolerance", "TOLERANCES", "ulp_distance", "model_layer_norm", "EPS_MODES",
-           "fit", "Fit"]
+           "model_rms_norm", "RMS_EPS_MODES", "fit", "Fit", "tolerance_for"]
 
 
 @dataclass(frozen=True)
@@ -40,13 +42,27 @@ class Tolerance:
 
 
 #: Default tolerances by output dtype, for outputs of order 1. float16 allows
-#: a few of its ulps; float32 allows what a float32 kernel with float32
-#: accumulation loses; float64 allows rounding, not a float32 detour.
+#: a few of its ulps (4e-3, about 8 units of its roundoff 2^-11); float32
+#: allows what a float32 kernel with float32 accumulation loses; float64
+#: allows rounding, not a float32 detour. bfloat16 (when ml_dtypes is
+#: installed) allows as many units of its roundoff 2^-8 as float16 does of
+#: its own: 8 * 2^-8 = 2^-5.
 TOLERANCES: Dict[np.dtype[Any], Tolerance] = {
     np.dtype(np.float16): Tolerance(rtol=4e-3, atol=4e-3),
     np.dtype(np.float32): Tolerance(rtol=1e-5, atol=1e-5),
     np.dtype(np.float64): Tolerance(rtol=1e-12, atol=1e-12),
 }
+if bfloat16() is not None:
+    TOLERANCES[np.dtype(bfloat16())] = Tolerance(rtol=2.0 ** -5, atol=2.0 ** -5)
+
+
+def tolerance_for(dtype: np.dtype[Any], rtol: Optional[float] = None,
+                  atol: Optional[float] = None) -> Tolerance:
+    """The default tolerance of ``dtype``, with ``rtol``/``atol`` overriding
+    it where given."""
+    default = TOLERANCES[dtype]
+    return Tolerance(default.rtol if rtol is None else float(rtol),
+                     default.atol if atol is None else float(atol))
 
 
 def ulp_distance(a: npt.ArrayLike, b: npt.ArrayLike) -> npt.NDArray[np.float64]:
@@ -58,7 +74,7 @@ def ulp_distance(a: npt.ArrayLike, b: npt.ArrayLike) -> npt.NDArray[np.float64]:
     """
     a = np.asarray(a)
     b = np.asarray(b)
-    if a.dtype != b.dtype or a.dtype.kind != "f":
+    if a.dtype != b.dtype or not is_float(a.dtype):
         a, b = a.astype(np.float64), b.astype(np.float64)
     bits = np.dtype(f"int{8 * a.dtype.itemsize}")
 
@@ -70,7 +86,7 @@ def ulp_distance(a: npt.ArrayLike, b: npt.ArrayLike) -> npt.NDArray[np.float64]:
         return np.where(i < 0, -magnitude, magnitude)
 
     dist = np.abs(ordered(a) - ordered(b)).astype(np.float64)
-    nan_a, nan_b = np.isnan(a), np.isnan(b)
+    nan_a, nan_b = np.isnan(a.astype(np.float64)), np.isnan(b.astype(np.float64))
     dist = np.where(nan_a & nan_b, 0.0, dist)
     return np.where(nan_a ^ nan_b, np.inf, dist).astype(np.float64)
 
@@ -119,6 +135,50 @@ def model_layer_norm(x: npt.ArrayLike, weight: Optional[npt.ArrayLike] = None,
         y = y * np.asarray(weight, np.float64)
     if bias is not None:
         y = y + np.asarray(bias, np.float64)
+    return y
+
+
+#: How eps enters an RMSNorm's denominator: ``sqrt(ms + eps)`` (correct),
+#: ``sqrt(ms) + eps`` (outside the square root), ``sqrt(ms)``,
+#: ``sqrt(ms + 2 eps)``.
+RMS_EPS_MODES = ("inside", "outside", "ignored", "twice")
+
+
+def model_rms_norm(x: npt.ArrayLike, eps: float = 1e-6, *, centered: bool = False,
+                   ddof: int = 0, root: bool = True,
+                   eps_mode: str = "inside") -> npt.NDArray[np.float64]:
+    """RMSNorm over the last axis in float64 (scale 1), with a chosen
+    (possibly defective) convention.
+
+    Parameters
+    ----------
+    x : array_like
+    eps : float
+    centered : bool
+        Subtract each record's mean first (a LayerNorm).
+    ddof : {0, 1}
+        Divide the sum of squares by d (correct) or d - 1.
+    root : bool
+        Divide by the root of the mean square (correct) or by the mean
+        square itself (square root missing; then ``'outside'`` is
+        ``'inside'``).
+    eps_mode : {'inside', 'outside', 'ignored', 'twice'}
+        See :data:`RMS_EPS_MODES`.
+
+    Returns
+    -------
+    ndarray of float64
+    """
+    x64 = np.asarray(x, np.float64)
+    c = x64 - x64.mean(axis=-1, keepdims=True) if centered else x64
+    d = x64.shape[-1]
+    with np.errstate(all="ignore"):
+        ms = (c * c).sum(axis=-1, keepdims=True) / (d - ddof)
+        total = {"inside": ms + eps, "outside": ms, "ignored": ms, "twice": ms + 2 * eps}[eps_mode]
+        denominator = np.sqrt(total) if root else total
+        if eps_mode == "outside":
+            denominator = denominator + eps
+        y: npt.NDArray[np.float64] = c / denominator
     return y
 
 

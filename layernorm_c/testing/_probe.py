@@ -15,9 +15,9 @@ from typing import Any, Generic, Optional, Protocol, Tuple, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from .._reference import reference_layer_norm
 from ._adapters import Implementation, OutputError
 from ._numerics import Tolerance
+from ._ops import LAYER_NORM, Op, is_float
 
 __all__ = ["Probe", "ProbeBase", "ImplementationError", "Param", "Params", "Declared"]
 
@@ -61,6 +61,8 @@ class Declared(Protocol):
     @property
     def takes_eps(self) -> bool: ...
     @property
+    def eps(self) -> Optional[float]: ...
+    @property
     def d(self) -> Optional[int]: ...
     @property
     def leading_shape(self) -> Optional[Tuple[int, ...]]: ...
@@ -86,15 +88,19 @@ class ProbeBase(Generic[I]):
     strict_batch_invariance : bool
         Whether a result that changes bits with the batch around it fails
         (default: a warning).
+    op : Op
+        What is audited (LayerNorm, or RMSNorm with its weight convention):
+        its reference and its words.
     """
 
     def __init__(self, impl: I, dtype: npt.DTypeLike, eps: float, seed: int = 0,
-                 strict_batch_invariance: bool = False):
+                 strict_batch_invariance: bool = False, op: Op = LAYER_NORM):
         self.impl = impl
         self.dtype: np.dtype[Any] = np.dtype(dtype)
         self.eps = float(eps)
         self.seed = seed
         self.strict_batch_invariance = strict_batch_invariance
+        self.op = op
 
     # -- shapes -----------------------------------------------------------
     def rng(self, stream: str) -> np.random.Generator:
@@ -135,9 +141,18 @@ class ProbeBase(Generic[I]):
         b = self.cast(bias, dtype) if bias is not None and self.impl.takes_bias else None
         return w, b
 
+    def random_params(self, rng: np.random.Generator, d: int
+                      ) -> Tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+        """A weight whose scale (``weight``, or ``1 + weight``) has either
+        sign away from 0, and a bias of order 1 (float64, not yet cast)."""
+        scale = rng.uniform(0.5, 2.0, d) * rng.choice([-1.0, 1.0], d)
+        bias = rng.normal(0.0, 1.0, d)
+        return (scale - 1.0 if self.op.plus_one else scale), bias
+
     def identity_params(self, d: int, dtype: Optional[npt.DTypeLike] = None) -> Params:
-        """Gain 1 and bias 0, for the arguments the implementation takes."""
-        return self.params(np.ones(d), np.zeros(d), dtype)
+        """Scale 1 (a gain of 1, or of 0 for ``1 + weight``) and bias 0, for
+        the arguments the implementation takes."""
+        return self.params(self.op.neutral_weight(d), np.zeros(d), dtype)
 
     def _shape_hint(self) -> str:
         if self.impl.d is None and self.impl.leading_shape is None:
@@ -167,8 +182,8 @@ class Probe(ProbeBase[Implementation]):
     """
 
     def __init__(self, impl: Implementation, dtype: npt.DTypeLike, eps: float, tol: Tolerance,
-                 seed: int = 0, strict_batch_invariance: bool = False):
-        super().__init__(impl, dtype, eps, seed, strict_batch_invariance)
+                 seed: int = 0, strict_batch_invariance: bool = False, op: Op = LAYER_NORM):
+        super().__init__(impl, dtype, eps, seed, strict_batch_invariance, op)
         self.tol = tol
 
     # -- calls ------------------------------------------------------------
@@ -217,7 +232,7 @@ class Probe(ProbeBase[Implementation]):
                 f"the output must have the input's shape{self._shape_hint()}",
                 f"returned shape {y.shape}",
             )
-        if y.dtype.kind not in "fiu":
+        if y.dtype.kind not in "iu" and not is_float(y.dtype):
             raise ImplementationError(
                 f"{self.impl.name} returned dtype {y.dtype}; expected real numbers",
                 f"returned {y.dtype}")
@@ -254,7 +269,6 @@ class Probe(ProbeBase[Implementation]):
     def reference(self, x: npt.ArrayLike, weight: Optional[npt.ArrayLike] = None,
                   bias: Optional[npt.ArrayLike] = None,
                   eps: Optional[float] = None) -> npt.NDArray[np.float64]:
-        """:func:`layernorm_c.reference_layer_norm` (float64) of exactly
-        these inputs."""
-        eps = self.eps if eps is None else eps
-        return reference_layer_norm(x, weight, bias, eps).y
+        """The op's float64 reference (:func:`layernorm_c.reference_layer_norm`
+        or :func:`layernorm_c.reference_rms_norm`) of exactly these inputs."""
+        return self.op.reference(x, weight, bias, self.eps if eps is None else eps)

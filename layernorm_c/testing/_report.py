@@ -7,14 +7,13 @@ import html
 import textwrap
 from dataclasses import dataclass, field
 from typing import (TYPE_CHECKING, Any, Dict, Final, Iterator, List, Literal, Optional, Sequence,
-                    Tuple, Union)
+                    Tuple)
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes  # type: ignore[import-not-found, unused-ignore]
     from matplotlib.figure import Figure  # type: ignore[import-not-found, unused-ignore]
 
-    from ._audit import LayerNormAudit
-    from ._backward_audit import LayerNormBackwardAudit
+    from ._audit import Audit
 
 __all__ = ["CheckResult", "AuditReport", "Status", "PASS", "FAIL", "WARN", "SKIP"]
 
@@ -78,7 +77,7 @@ class AuditReport:
     title : str
         What was audited and how (implementation, dtype, eps, d).
     results : list of CheckResult
-    audit : LayerNormAudit, LayerNormBackwardAudit or None
+    audit : LayerNormAudit, RMSNormAudit, LayerNormBackwardAudit, RMSNormBackwardAudit or None
         The audit that made the report (the implementation and the options),
         which :meth:`plot` measures again; None for a report built by hand,
         and for an unpickled one (a report pickles without it, as an
@@ -86,7 +85,7 @@ class AuditReport:
     """
 
     def __init__(self, title: str, results: Sequence[CheckResult],
-                 audit: Optional[Union[LayerNormAudit, LayerNormBackwardAudit]] = None) -> None:
+                 audit: Optional[Audit] = None) -> None:
         self.title = title
         self.results: List[CheckResult] = list(results)
         self.audit = audit
@@ -192,9 +191,11 @@ class AuditReport:
         from ._plot import plot_report
 
         if not isinstance(self.audit, LayerNormAudit):
-            raise ValueError("plot: only a forward audit's report can be plotted (the plot "
-                             "measures the forward's error against an offset and d); this is a "
-                             "backward audit's")
+            which = ("an RMSNorm audit's" if getattr(self.audit, "op", None) is not None
+                     and self.audit.op.key == "rms_norm" else "a backward audit's")
+            raise ValueError("plot: only a LayerNorm forward audit's report can be plotted (the "
+                             "plot measures the forward's error against an offset and d, beside "
+                             f"layernorm_c.layer_norm); this is {which}")
 
         return plot_report(self.audit, self.title, axes)
 

@@ -22,6 +22,13 @@ Two fixtures:
 (``signature``, ``framework``, ``dtype``, ``eps``, ``d``, ``leading_shape``,
 ...).
 
+For an RMSNorm, ``rms_norm_audit`` and ``rms_norm_check`` (one item per
+:data:`~layernorm_c.testing.RMS_CHECKS`, narrowed by
+``@pytest.mark.rms_norm_checks(*names, exclude=())``) with the options of
+:class:`~layernorm_c.testing.RMSNormAudit` (``convention=`` among them), and
+``rms_norm_backward_audit`` and ``rms_norm_backward_check``
+(``@pytest.mark.rms_norm_backward_checks``).
+
 For a backward pass, the same two as ``layer_norm_backward_audit`` and
 ``layer_norm_backward_check`` (one item per
 :data:`~layernorm_c.testing.BACKWARD_CHECKS`, narrowed by
@@ -41,14 +48,24 @@ from pytest_layernorm_c import (  # type: ignore[import-untyped, unused-ignore]
     BACKWARD_MARKER,
     FIXTURE,
     MARKER,
+    RMS_BACKWARD_FIXTURE,
+    RMS_BACKWARD_MARKER,
+    RMS_FIXTURE,
+    RMS_MARKER,
     layer_norm_audit,
     layer_norm_backward_audit,
     layer_norm_backward_check,
     layer_norm_check,
     pytest_configure,
     pytest_generate_tests,
+    rms_norm_audit,
+    rms_norm_backward_audit,
+    rms_norm_backward_check,
+    rms_norm_check,
 )
 
-__all__ = ["FIXTURE", "MARKER", "BACKWARD_FIXTURE", "BACKWARD_MARKER", "layer_norm_audit",
+__all__ = ["FIXTURE", "MARKER", "BACKWARD_FIXTURE", "BACKWARD_MARKER", "RMS_FIXTURE",
+           "RMS_MARKER", "RMS_BACKWARD_FIXTURE", "RMS_BACKWARD_MARKER", "layer_norm_audit",
            "layer_norm_check", "layer_norm_backward_audit", "layer_norm_backward_check",
-           "pytest_configure", "pytest_generate_tests"]
+           "rms_norm_audit", "rms_norm_check", "rms_norm_backward_audit",
+           "rms_norm_backward_check", "pytest_configure", "pytest_generate_tests"]
