@@ -117,12 +117,20 @@ static int LN_OPS(ln_output)(const LN_S *x, LN_S *y, size_t d, const LN_P *w,
                              ln_spare *spare, int rms)
 {
     double rstd = ln_inverse_std(st->var, eps);
-    if (rstd != 0.0 && !(rstd > DBL_MAX)) {
+    double s = 1.0;
+    /* At the record's scale when 1/std leaves the double range, or when
+     * the variance is so small that it lost digits to underflow (unless
+     * eps is so large beside it that eps * s^2 overflows: then the
+     * variance does not count). */
+    int tiny = st->var < LN_F64_VAR_MIN;
+    if (tiny)
+        s = LN_OPS(record_scale)(x, d);
+    if ((!tiny || !(eps * s * s <= DBL_MAX)) && rstd != 0.0 && !(rstd > DBL_MAX)) {
         LN_CORE(output)(x, y, d, st, rstd, w, b, stream);
         return LN_OK;
     }
-    /* 1/std left the double range: compute at the record's scale. */
-    double s = LN_OPS(record_scale)(x, d);
+    if (!tiny)
+        s = LN_OPS(record_scale)(x, d);
     const LN_S *xs = LN_OPS(scaled_row)(x, d, s, spare);
     if (xs == NULL)
         return LN_ENOMEM;
@@ -301,12 +309,17 @@ static int LN_OPS(coef_of)(const ln_back_sums *sums, double m0, size_t d, double
 #if !defined(LN_WIDE)
 /* The backward of a float64 record whose squares leave the double range,
  * at its power-of-two scale s: xhat does not change, dx is s times the
- * scaled record's. */
+ * scaled record's. LN_UNSCALED when no scale is wanted after all: a tiny
+ * record beside which eps is so large that eps * s^2 overflows (its
+ * variance, however inexact, does not count beside eps). */
+#define LN_UNSCALED (-1)
 static int LN_OPS(back_scaled)(const ln_rows *r, const LN_S *x, const LN_S *dy, LN_S *dx,
                                double m0, double eps, ln_acc *dw, ln_acc *db, int rms)
 {
     size_t d = r->d;
     double s = LN_OPS(record_scale)(x, d);
+    if (!(eps * s * s <= DBL_MAX))
+        return LN_UNSCALED;
     const LN_S *xs = LN_OPS(scaled_row)(x, d, s, r->spare);
     if (xs == NULL)
         return LN_ENOMEM;
@@ -361,8 +374,11 @@ static int LN_OPS(back_record)(const ln_rows *r, size_t k, int rms)
         return LN_OK;
     }
 #else
-    if (ok && !(isfinite(c.mean) && c.var >= LN_F64_VAR_MIN && c.var <= DBL_MAX))
-        return LN_OPS(back_scaled)(r, x, dy, dx, m0, eps, r->dw, r->db, rms);
+    if (ok && !(isfinite(c.mean) && c.var >= LN_F64_VAR_MIN && c.var <= DBL_MAX)) {
+        int rc = LN_OPS(back_scaled)(r, x, dy, dx, m0, eps, r->dw, r->db, rms);
+        if (rc != LN_UNSCALED)
+            return rc;
+    }
 #endif
     if (!ok) {
         LN_CORE(back_nan)(x, dy, dx, d, &c, r->dw, r->db, !isfinite(sums.st + sums.stt));

@@ -75,6 +75,9 @@ def reference_layer_norm(
             # underflowed: its centered values are all 0, and so is y.
             y = np.divide(centered, denom, out=np.zeros_like(centered),
                           where=denom != 0)
+            # denom is infinite only where the scaled eps overflowed (a
+            # tiny record): its variance is negligible beside eps.
+            y = np.where(np.isinf(denom), (centered / scale) / math.sqrt(eps), y)
         else:
             y = centered / denom
         mean = mean / scale
@@ -260,11 +263,16 @@ def reference_layer_norm_backward(
         denom = np.sqrt(var + eps * scale * scale)
         if eps > 0:
             # denom is 0 only for a constant record whose scaled eps
-            # underflowed: its xhat is 0 and its rstd 1 / sqrt(eps).
+            # underflowed: its xhat is 0 and its rstd 1 / sqrt(eps). It is
+            # infinite only where the scaled eps overflowed (a tiny
+            # record): its variance is negligible beside eps.
             xhat = np.divide(centered, denom, out=np.zeros_like(centered),
                              where=denom != 0)
             rstd = np.divide(scale, denom, out=np.full_like(denom, 1.0 / math.sqrt(eps)),
                              where=denom != 0)
+            big = np.isinf(denom)
+            xhat = np.where(big, (centered / scale) / math.sqrt(eps), xhat)
+            rstd = np.where(big, 1.0 / math.sqrt(eps), rstd)
         else:
             xhat = centered / denom
             rstd = scale / denom

@@ -273,3 +273,37 @@ def test_gain_times_xhat_overflowing_but_not_the_sum():
         np.testing.assert_array_equal(np.isfinite(y), np.isfinite(ref))
         fin = np.isfinite(ref)
         np.testing.assert_allclose(y[fin], ref[fin], rtol=1e-15)
+
+
+@pytest.mark.parametrize("scale", [1e-160, 1e-200, 1e-300, 1e-310])
+def test_tiny_float64_records_are_exactly_standardized(scale):
+    """A float64 record of magnitude 1e-160 and below: its variance
+    underflows in double (its squares do), so it is computed at its
+    power-of-two scale, and y is as accurate as for ordinary values.
+    (Regression: the output used the underflowed variance, 7e-5 off.)"""
+    x = np.array([[1.0, 2.0, 4.0], [3.0, -1.0, 0.5]]) * scale
+    want = lnc.reference_layer_norm(x / scale, eps=0.0).y
+    for isa in lnc.supported_isas():
+        with kernel_settings(isa=isa):
+            np.testing.assert_allclose(lnc.layer_norm(x, eps=0.0), want, rtol=1e-14, atol=0,
+                                       err_msg=isa)
+            np.testing.assert_allclose(lnc.rms_norm(x, eps=0.0),
+                                       lnc.reference_rms_norm(x / scale, eps=0.0).y,
+                                       rtol=1e-14, err_msg=isa)
+
+
+def test_tiny_float64_records_with_eps_in_the_backward():
+    """eps dominates a tiny record's variance: eps times the record's scale
+    squared would overflow, and the backward keeps the record unscaled.
+    (Regression: dx was NaN.)"""
+    x = np.array([[1.0, 2.0, 4.0]]) * 1e-160
+    dy = np.array([[1.0, 0.0, 0.0]])
+    g = lnc.layer_norm_backward(dy, x, None, 1e-6)
+    np.testing.assert_allclose(g.dx, [[2000 / 3, -1000 / 3, -1000 / 3]], rtol=1e-12)
+    ref = lnc.reference_layer_norm_backward(dy, x, None, 1e-6)
+    np.testing.assert_allclose(g.dx, ref.dx, rtol=1e-12)
+    np.testing.assert_allclose(lnc.layer_norm(x, eps=1e-6),
+                               lnc.reference_layer_norm(x, eps=1e-6).y, rtol=1e-12)
+    r = lnc.rms_norm_backward(dy, x, None, 1e-6)
+    np.testing.assert_allclose(r.dx, lnc.reference_rms_norm_backward(dy, x, None, 1e-6).dx,
+                               rtol=1e-12, atol=1e-300)
