@@ -180,8 +180,7 @@ LN_ALWAYS_INLINE void LN_FN(group_stats_w)(LN_FN(short_group) *g, const char *x,
                                            ptrdiff_t x_row, size_t n, size_t d,
                                            const double *eps, int rms, size_t w)
 {
-    /* The steps work on local arrays, copied into g at the end. */
-    LN_T v[LN_LANES][LN_SHORT_GROUP], rows[LN_SHORT_GROUP][LN_LANES];
+    LN_T (*v)[LN_SHORT_GROUP] = g->v, rows[LN_SHORT_GROUP][LN_LANES];
     LN_T hi[LN_SHORT_GROUP], lo[LN_SHORT_GROUP];
     double t[LN_LANES][LN_SHORT_GROUP], mean[LN_SHORT_GROUP], dd = (double)d;
     for (size_t k = 0; k < LN_SHORT_GROUP; k++) {
@@ -230,7 +229,6 @@ LN_ALWAYS_INLINE void LN_FN(group_stats_w)(LN_FN(short_group) *g, const char *x,
         g->var[k] = t[0][k] / dd;
         g->rstd[k] = 1.0 / sqrt(g->var[k] + e); /* ln_inverse_std for valid eps */
     }
-    memcpy(g->v, v, sizeof v);
 }
 
 /* The statistics of the group's n records from x (rows x_row bytes apart).

@@ -69,11 +69,22 @@
 #define LN_FN(f) f##_bf16
 #define LN_LOAD(p) ln_bf16_to_float(*(p))
 #define LN_STORE(p, v) (*(p) = ln_float_to_bf16(v))
+#if defined(LN_LOAD_ROW_BF16)
+#define LN_LOAD_ROW LN_LOAD_ROW_BF16
+#define LN_STORE_ROW LN_STORE_ROW_BF16
+#else
 #define LN_LOAD_ROW(v, p) ln_bf16_row_to_float((v), (p), LN_LANES)
 #define LN_STORE_ROW(p, v) ln_float_row_to_bf16((p), (v), LN_LANES)
+#endif
+#if defined(LN_LOAD_PART_BF16)
+#define LN_LOAD_PART LN_LOAD_PART_BF16
+#define LN_STORE_PART LN_STORE_PART_BF16
+#endif
 #include "ln_instance.h"
 #undef LN_LOAD_ROW
 #undef LN_STORE_ROW
+#undef LN_LOAD_PART
+#undef LN_STORE_PART
 #define LN_CORE(f) f##_bf16
 #define LN_WIDE(f) f##_bf16_wide
 #define LN_OPS(f) f##_bf16

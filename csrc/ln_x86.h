@@ -11,6 +11,8 @@
 #include <stddef.h>
 #include <string.h>
 
+#include "ln_half.h"
+
 _Static_assert(LN_VEC_BYTES == 32 || LN_VEC_BYTES == 64, "LN_VEC_BYTES: 32 or 64");
 
 /* n bytes (a multiple of 64) from src to the 64-byte aligned dst. */
@@ -159,6 +161,91 @@ static inline void ln_store_part_f64(double *p, const double *v, size_t n, size_
 #define LN_STORE_PART_F32 ln_store_part_f32
 #define LN_STORE_PART_F64 ln_store_part_f64
 #define LN_LOAD_PART_F64 ln_load_part_f64
+/* bfloat16 a register at a time: widening is a shift of the bits; the
+ * narrowing is ln_float_to_bf16's integer rounding (to nearest even, NaNs
+ * made quiet), vectorized. */
+#if LN_VEC_BYTES == 64
+static inline __m512 ln_float_of_bf16(__m256i h)
+{
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+static inline __m256i ln_bf16_of(__m512 f)
+{
+    __m512i u = _mm512_castps_si512(f);
+    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i nearest = _mm512_srli_epi32(
+        _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb), 16);
+    __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+    __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                            _mm512_set1_epi32(0x7f800000));
+    return _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(nearest, nan, quiet));
+}
+
+static inline void ln_load_row_bf16(float *v, const uint16_t *p)
+{
+    for (size_t j = 0; j < LN_LANES; j += 16)
+        _mm512_storeu_ps(v + j, ln_float_of_bf16(_mm256_loadu_si256((const __m256i *)(p + j))));
+}
+
+static inline void ln_store_row_bf16(uint16_t *p, const float *v)
+{
+    for (size_t j = 0; j < LN_LANES; j += 16)
+        _mm256_storeu_si256((__m256i *)(p + j), ln_bf16_of(_mm512_loadu_ps(v + j)));
+}
+
+/* Parts with 16-bit masked loads and stores (AVX-512BW). */
+static inline void ln_load_part_bf16(float *v, const uint16_t *p, size_t n, size_t width)
+{
+    for (size_t j = 0; j < width; j += 16)
+        _mm512_storeu_ps(v + j, ln_float_of_bf16(_mm256_maskz_loadu_epi16(
+                                    ln_first16(n > j ? n - j : 0), p + j)));
+}
+
+static inline void ln_store_part_bf16(uint16_t *p, const float *v, size_t n, size_t width)
+{
+    for (size_t j = 0; j < width; j += 16)
+        _mm256_mask_storeu_epi16(p + j, ln_first16(n > j ? n - j : 0),
+                                 ln_bf16_of(_mm512_loadu_ps(v + j)));
+}
+#define LN_LOAD_PART_BF16 ln_load_part_bf16
+#define LN_STORE_PART_BF16 ln_store_part_bf16
+#else
+static inline __m256 ln_float_of_bf16(__m128i h)
+{
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+static inline __m128i ln_bf16_of(__m256 f)
+{
+    __m256i u = _mm256_castps_si256(f);
+    __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    __m256i nearest = _mm256_srli_epi32(
+        _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb), 16);
+    __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
+    __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)),
+                                     _mm256_set1_epi32(0x7f800000));
+    __m256i h = _mm256_blendv_epi8(nearest, quiet, nan);
+    /* 32 -> 16 bits (values below 2^16: no saturation), lanes in order. */
+    __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(h, h), 0x08);
+    return _mm256_castsi256_si128(packed);
+}
+
+static inline void ln_load_row_bf16(float *v, const uint16_t *p)
+{
+    for (size_t j = 0; j < LN_LANES; j += 8)
+        _mm256_storeu_ps(v + j, ln_float_of_bf16(_mm_loadu_si128((const __m128i *)(p + j))));
+}
+
+static inline void ln_store_row_bf16(uint16_t *p, const float *v)
+{
+    for (size_t j = 0; j < LN_LANES; j += 8)
+        _mm_storeu_si128((__m128i *)(p + j), ln_bf16_of(_mm256_loadu_ps(v + j)));
+}
+#endif
+#define LN_LOAD_ROW_BF16 ln_load_row_bf16
+#define LN_STORE_ROW_BF16 ln_store_row_bf16
+
 #define LN_LOAD_ROW_F16 ln_load_row_f16
 #define LN_STORE_ROW_F16 ln_store_row_f16
 #define LN_LOAD_PART_F16 ln_load_part_f16
