@@ -253,6 +253,9 @@ static int LN_OPS(norm_rows)(const ln_rows *r, int rms)
     size_t group = r->d * sizeof(LN_S) <= LN_GROUP_MAX_ROW_BYTES ? LN_GROUP : 1;
     for (size_t k0 = 0; k0 < r->n; k0 += group) {
         size_t k1 = r->n - k0 < group ? r->n : k0 + group;
+        if (k1 < r->n) /* the next group's rows, while this one is computed */
+            ln_prefetch((const char *)r->x + (ptrdiff_t)k1 * r->x_row,
+                        (k1 + group <= r->n ? group : r->n - k1) * r->d * sizeof(LN_S));
         for (size_t k = k0; k < k1; k++)
             if (LN_OPS(record_stats)(r, k, rms) != LN_OK)
                 return LN_ENOMEM;

@@ -66,6 +66,19 @@ static inline double ln_tree_sum(double lanes[LN_LANES])
     return lanes[0];
 }
 
+/* Ask for the cache lines of [p, p + bytes) ahead of their use (rows
+ * contiguous in memory, as the record kernels' are). */
+static inline void ln_prefetch(const char *p, size_t bytes)
+{
+#if defined(__GNUC__) || defined(__clang__)
+    for (size_t off = 0; off < bytes; off += 64)
+        __builtin_prefetch(p + off, 0, 3);
+#else
+    (void)p;
+    (void)bytes;
+#endif
+}
+
 static inline int ln_eps_is_valid(double eps)
 {
     return eps >= 0.0 && eps <= DBL_MAX; /* false for NaN and inf */
