@@ -9,6 +9,7 @@
  * layout, and which thread runs a record never matters: each record is
  * done whole by one kernel call.
  */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -315,10 +316,19 @@ static size_t plan_threads(const ln_job *job, int n_threads)
 
 int ln_batch_run(const ln_kernels *k, const ln_job *job, int n_threads)
 {
-    if (job->n_rows == 0 || job->d == 0)
-        return LN_OK;
-    size_t row_bytes = job->d * ln_dtype_size(job->dtype);
     const ln_op_info *info = &op_info[job->op];
+    if (job->n_rows == 0)
+        return LN_OK;
+    if (job->d == 0) { /* empty records: nothing to write but NaN statistics */
+        for (size_t r = 0; info->writes_stats && r < job->n_rows; r++) {
+            if (job->mean.ptr)
+                ln_write_scalar(&job->mean, r, NAN);
+            if (job->var.ptr)
+                ln_write_scalar(&job->var, r, NAN);
+        }
+        return LN_OK;
+    }
+    size_t row_bytes = job->d * ln_dtype_size(job->dtype);
     ln_batch_ctx c = {
         .k = k,
         .job = job,

@@ -213,7 +213,16 @@ static int LN_OPS(norm_short_rows)(const ln_rows *r, int rms)
 {
     int status = LN_OK;
     LN_CORE(short_group) g;
-    const LN_P *w = r->w, *b = r->b;
+    /* The gain and bias padded to a lane row once per call (ones and
+     * zeros past d): the group's outputs are computed for whole lane rows,
+     * and the caller's arrays hold d items only. */
+    const LN_P *rw = r->w, *rb = r->b;
+    LN_P wp[LN_LANES], bp[LN_LANES];
+    for (size_t j = 0; j < LN_LANES; j++) {
+        wp[j] = rw && j < r->d ? rw[j] : (LN_P)1;
+        bp[j] = rb && j < r->d ? rb[j] : (LN_P)0;
+    }
+    const LN_P *w = rw ? wp : NULL, *b = rb ? bp : NULL;
     for (size_t k0 = 0; k0 < r->n; k0 += LN_SHORT_GROUP) {
         size_t n = r->n - k0 < LN_SHORT_GROUP ? r->n - k0 : LN_SHORT_GROUP;
         const char *x = (const char *)r->x + (ptrdiff_t)k0 * r->x_row;

@@ -6,6 +6,7 @@
 
 #include "ln_half.h"
 #include "ln_stage.h"
+#include "ln_tmpl.h"
 
 size_t ln_dtype_size(ln_dtype t)
 {
@@ -134,10 +135,25 @@ double ln_read_scalar(const ln_operand *op, size_t r)
 void ln_write_scalar(const ln_operand *op, size_t r, double v)
 {
     char *p = row_ptr(op, r);
-    if (op->dtype == LN_F64) {
+    float f = ln_double_to_float_odd(v); /* then rounded once to a 16-bit type */
+    uint16_t h;
+    switch (op->dtype) {
+    case LN_F64:
         memcpy(p, &v, sizeof v);
-    } else {
-        float f = (float)v;
+        break;
+    case LN_F32:
+        f = (float)v;
         memcpy(p, &f, sizeof f);
+        break;
+    case LN_F16:
+        h = ln_float_to_half(f);
+        memcpy(p, &h, sizeof h);
+        break;
+    case LN_BF16:
+        h = ln_float_to_bf16(f);
+        memcpy(p, &h, sizeof h);
+        break;
+    default:
+        break;
     }
 }

@@ -159,3 +159,16 @@ def test_array_ufunc_dispatch(position):
     assert ufunc is uf and method == "__call__"
     assert inputs[position] is rec and len(inputs) == 4
     assert kwargs == {"axes": [(-1,), (-1,), (-1,), (), (-1,)]}
+
+
+def test_private_stats_gufuncs_on_empty_records():
+    """Records of no features have no mean: the private gufuncs that return
+    statistics give NaN for them (regression: they were left unwritten)."""
+    from layernorm_c import _core
+    for dtype in (np.float32, np.float64):
+        x = np.zeros((3, 0), dtype)
+        y, mean, var = _core._ln_none(x, 1e-5)
+        assert y.shape == (3, 0)
+        assert np.isnan(mean).all() and np.isnan(var).all()
+        y, ms = _core._rms_none(x, 1e-5)
+        assert np.isnan(ms).all()
