@@ -701,6 +701,8 @@ static void fuzz_batch(reader *r)
     /* Rare (two magic bytes): a batch above the threading threshold. */
     int big = (flags & 32) && take8(r) == 0x5A && take8(r) == 0xC3;
     int want_in_place = flags & 64;
+    if (big) /* a float32 or float64 job: 2 MiB are 512 or 256 K values */
+        t = t == LN_F64 || t == LN_BF16 ? LN_F64 : LN_F32;
     ln_dtype xt = pick_narrower(r, t, 1);
     ln_dtype wt = pick_narrower(r, t, 0), bt = pick_narrower(r, t, 0);
     ln_dtype st_t = (take8(r) & 1) || t == LN_F64 ? LN_F64 : LN_F32;
