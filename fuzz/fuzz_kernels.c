@@ -5,8 +5,8 @@
  * Every input is decoded into one of two jobs, run on every instruction-set
  * level this CPU supports and compared with the scalar level:
  *
- *   row    a level's record kernel, k->op[LN_OP_LAYER_NORM][dtype], called
- *          directly through an ln_rows: 1 to 16 records of d = 1..1100
+ *   row    a level's record kernel, k->op[op][dtype] (LayerNorm or RMSNorm),
+ *          called directly through an ln_rows: 1 to 16 records of d = 1..1100
  *          (d <= 40 half the time: the short-record path of ln_lane.h) in
  *          float16, bfloat16, float32 or float64, contiguous rows at row
  *          strides of d or more items (negative too), in place (x == y) or
@@ -19,6 +19,9 @@
  *          of any dtype no wider), per-record eps at any stride, optional
  *          mean/var (float32 or float64), in place or not, 1-4 threads; a
  *          rare big batch (two magic bytes) is large enough to start them.
+ *          The op: LayerNorm, or RMSNorm, or either backward (dy laid out
+ *          like x; LayerNorm's with the means given or recomputed; the
+ *          exact dweight/dbias sums compared state word for word).
  *
  * Value bytes come from the fuzzer: raw bit patterns (NaNs with payloads,
  * infinities, subnormals), special values, or small integers times a unit
@@ -35,7 +38,9 @@
  *   - every level's outputs (y, mean, var) and return code equal the
  *     scalar level's (single-threaded) bit for bit. Records with a NaN are
  *     written as the canonical NaN on every level, so NaNs are compared
- *     strictly too;
+ *     strictly too; and in a record whose inputs are all finite, any NaN
+ *     must be the canonical one (a NaN made by arithmetic has the sign the
+ *     compiler and the architecture give it, even where all levels agree);
  *   - inputs (x, weight, bias, eps) are unchanged, and nothing is written
  *     outside the output items (gaps are pre-filled and compared).
  *
@@ -165,6 +170,10 @@ NO_COVERAGE static double get_value(const void *src, ln_dtype t)
         return ln_bf16_to_float(h);
     }
 }
+
+static const char *const op_names[LN_NOPS] = {
+    [LN_OP_LAYER_NORM] = "layer_norm", [LN_OP_LAYER_NORM_BACKWARD] = "layer_norm_backward",
+    [LN_OP_RMS_NORM] = "rms_norm", [LN_OP_RMS_NORM_BACKWARD] = "rms_norm_backward"};
 
 /* ---- values ------------------------------------------------------------ */
 
@@ -476,6 +485,71 @@ NO_COVERAGE static void unchanged(const char *what, const char *level, const buf
         fail("%s was modified by %s", what, level);
 }
 
+/* ---- NaNs made by arithmetic ------------------------------------------ */
+
+/* The canonical quiet NaN of each dtype: what a NaN record is written as. */
+static uint64_t canonical_nan(ln_dtype t)
+{
+    switch (t) {
+    case LN_F16: return 0x7e00u;
+    case LN_BF16: return 0x7fc0u;
+    case LN_F32: return 0x7fc00000u;
+    default: return 0x7ff8000000000000ull;
+    }
+}
+
+/* Are the d items of row r of o (row 0 if it is shared) all finite? An
+ * absent operand is. */
+NO_COVERAGE static int row_finite(const operand *o, size_t r)
+{
+    if (o == NULL || o->rows == 0)
+        return 1;
+    size_t rr = o->row == 0 || o->rows == 1 ? 0 : r;
+    for (size_t c = 0; c < o->cols; c++)
+        if (!isfinite(get_value(item(o, rr, c), o->dtype)))
+            return 0;
+    return 1;
+}
+
+/* A record whose inputs are all finite (x, dy, weight, bias, eps) can still
+ * come out NaN (0/0 records, overflowing intermediates), but only as the
+ * canonical NaN: the sign and payload of a NaN made by arithmetic depend on
+ * the compiler and the architecture (x86's default NaN is negative,
+ * aarch64's positive), so such a NaN breaks the contract even where every
+ * level of this build happens to agree. Checked on the reference run. */
+NO_COVERAGE static void canonical_nans_only(const char *level, const operand *out,
+                                            const operand *const *ins, int n_ins,
+                                            const double *eps)
+{
+    size_t isz = ln_dtype_size(out->dtype);
+    uint64_t canon = canonical_nan(out->dtype);
+    for (size_t r = 0; r < out->rows; r++) {
+        int finite = eps == NULL || isfinite(eps[r]);
+        for (int i = 0; finite && i < n_ins; i++)
+            finite = row_finite(ins[i], r);
+        if (!finite)
+            continue;
+        for (size_t c = 0; c < out->cols; c++) {
+            const char *p = item(out, r, c);
+            if (!isnan(get_value(p, out->dtype)) || bits_of(p, isz) == canon)
+                continue;
+            fprintf(stderr,
+                    "fuzz_kernels: a NaN that is not the canonical one, 0x%0*llx instead of "
+                    "0x%0*llx, at record %zu, item %zu of a record whose inputs are all "
+                    "finite (%s): its sign is up to the compiler and the architecture\n"
+                    "fuzz_kernels:   case: %s\n",
+                    (int)(2 * isz), bits_of(p, isz), (int)(2 * isz), (unsigned long long)canon,
+                    r, c, level, g_case);
+            print_record("x", g_in.x, r);
+            print_record("weight", g_in.w, r);
+            print_record("bias", g_in.b, r);
+            if (g_in.eps)
+                fprintf(stderr, "fuzz_kernels:   eps of record %zu: %.17g\n", r, g_in.eps[r]);
+            abort();
+        }
+    }
+}
+
 /* ---- levels ------------------------------------------------------------ */
 
 static int level_list(const ln_kernels **ks, const char **names)
@@ -503,7 +577,11 @@ static void fuzz_row(reader *r)
     ln_dtype pt = t == LN_F64 ? LN_F64 : LN_F32; /* parameters: compute type */
     size_t psz = ln_dtype_size(pt);
     size_t d = pick_d(r, 1); /* record kernels take d >= 1 */
-    size_t n = 1 + take8(r) % 8 + (more ? 8 : 0);
+    unsigned nb = take8(r);
+    size_t n = 1 + nb % 8 + (more ? 8 : 0);
+    ln_op op = (nb >> 3) & 1 ? LN_OP_RMS_NORM : LN_OP_LAYER_NORM;
+    if (op == LN_OP_RMS_NORM)
+        has_b = 0; /* RMSNorm has no bias */
     ptrdiff_t x_row = (ptrdiff_t)((d + take8(r) % 5) * isz);
     ptrdiff_t y_row = in_place ? x_row : (ptrdiff_t)((d + take8(r) % 5) * isz);
     if (reverse) {
@@ -527,9 +605,9 @@ static void fuzz_row(reader *r)
         eps[k] = pick_eps(r);
 
     snprintf(g_case, sizeof g_case,
-             "row job: %s record kernel, n=%zu records of d=%zu, x_row=%td y_row=%td bytes "
+             "row job: %s %s record kernel, n=%zu records of d=%zu, x_row=%td y_row=%td bytes "
              "(%s), weight %s, bias %s, stream=%d",
-             dtype_names[t], n, d, x_row, y_row, in_place ? "in place" : "x != y",
+             op_names[op], dtype_names[t], n, d, x_row, y_row, in_place ? "in place" : "x != y",
              has_w ? "yes" : "no", has_b ? "yes" : "no", stream);
     g_in = (inputs){&x, has_w ? &w : NULL, has_b ? &b : NULL, eps};
 
@@ -562,7 +640,7 @@ static void fuzz_row(reader *r)
             .eps = (const double *)epsk.p, .st = (ln_stats *)stk.p,
             .spare = spare, .stream = stream,
         };
-        int rc = ks[k]->op[LN_OP_LAYER_NORM][t](&rows);
+        int rc = ks[k]->op[op][t](&rows);
         ks[k]->store_fence();
         ln_spare_free(spare);
         if (rc == LN_ENOMEM)
@@ -575,6 +653,8 @@ static void fuzz_row(reader *r)
         /* rows between the records: the fill of x (in place) or the pattern */
         untouched_outside("y", names[k], &yk, in_place ? &x : &y0);
         if (k == 0) {
+            const operand *ins[3] = {&x, has_w ? &w : NULL, has_b ? &b : NULL};
+            canonical_nans_only(names[k], &yk, ins, 3, eps);
             y_ref = gather(&yk);
             memcpy(st_ref, stk.p, n * sizeof *st_ref);
             rc_ref = rc;
@@ -701,6 +781,23 @@ static void fuzz_batch(reader *r)
     /* Rare (two magic bytes): a batch above the threading threshold. */
     int big = (flags & 32) && take8(r) == 0x5A && take8(r) == 0xC3;
     int want_in_place = flags & 64;
+    /* Bit 7: another op than LayerNorm (one more byte says which). */
+    ln_op op = LN_OP_LAYER_NORM;
+    if (flags & 128) {
+        static const ln_op others[3] = {LN_OP_RMS_NORM, LN_OP_LAYER_NORM_BACKWARD,
+                                        LN_OP_RMS_NORM_BACKWARD};
+        op = others[take8(r) % 3];
+    }
+    int back = op == LN_OP_LAYER_NORM_BACKWARD || op == LN_OP_RMS_NORM_BACKWARD;
+    if (op != LN_OP_LAYER_NORM)
+        has_b = 0; /* RMSNorm and the backwards take no bias */
+    if (back)
+        want_in_place = 0;
+    /* LayerNorm's backward: the means given (the mean operand, read) or
+     * recomputed; the forwards write mean/var when asked. */
+    int given_mean = op == LN_OP_LAYER_NORM_BACKWARD && stats;
+    if (op == LN_OP_RMS_NORM_BACKWARD)
+        stats = 0;
     if (big) /* a float32 or float64 job: 2 MiB are 512 or 256 K values */
         t = t == LN_F64 || t == LN_BF16 ? LN_F64 : LN_F32;
     ln_dtype xt = pick_narrower(r, t, 1);
@@ -769,18 +866,28 @@ static void fuzz_batch(reader *r)
         double v = pick_eps(r);
         memcpy(e.buf.p + i, &v, 8);
     }
+    /* The backward's dy: laid out like x, its own buffer and values. */
+    operand dy = operand_new(back ? rows : 0, d, x_row, x_col, xt, off[7]);
+    valgen gdy = pick_valgen(r);
+    fill(r, &gdy, xt, dy.buf.p, dy.buf.bytes / xsz);
     operand y0 = in_place ? x : operand_new(rows, d, y_row, y_col, t, off[4]);
     operand m0 = operand_new(stats ? rows : 0, 1, m_row, 0, st_t, off[5]);
+    operand mean_in = m0; /* given means: values, not a pattern */
+    if (given_mean) {
+        mean_in = operand_new(rows, 1, m_row, 0, st_t, off[5]);
+        fill(r, &gx, st_t, mean_in.buf.p, mean_in.buf.bytes / ssz);
+    }
     operand v0 = operand_new(stats ? rows : 0, 1, v_row, 0, st_t, off[6]);
     double *eps = xmalloc(rows * sizeof *eps);
     for (size_t k = 0; k < rows; k++)
         memcpy(&eps[k], item(&e, k, 0), 8);
 
     snprintf(g_case, sizeof g_case,
-             "batch job: %s, %zu records of d=%zu, threads=%d; x %s col %td row %td%s; "
+             "batch job: %s%s, %s, %zu records of d=%zu, threads=%d; x %s col %td row %td%s; "
              "weight %s col %td row %td; bias %s col %td row %td; eps row %td; y col %td "
              "row %td; mean/var %s rows %td/%td; offsets %zu %zu %zu %zu %zu %zu %zu",
-             dtype_names[t], rows, d, n_threads, dtype_names[xt], x_col, x_row,
+             op_names[op], given_mean ? " (means given)" : "", dtype_names[t], rows, d,
+             n_threads, dtype_names[xt], x_col, x_row,
              in_place ? " (y = x)" : "", has_w ? dtype_names[wt] : "none", w_col, w_row,
              has_b ? dtype_names[bt] : "none", b_col, b_row, eps_row, y_col, y_row,
              stats ? dtype_names[st_t] : "none", m_row, v_row, off[0], off[1], off[2], off[3],
@@ -791,6 +898,8 @@ static void fuzz_batch(reader *r)
     const char *names[LN_NISAS];
     int n_levels = level_list(ks, names);
     char *y_ref = NULL, *m_ref = NULL, *v_ref = NULL;
+    uint64_t *acc_ref[2] = {NULL, NULL};
+    size_t acc_words = d * LN_ACC_STATE_WORDS;
     int rc_ref = 0, n_runs = 0;
     /* Run 0: scalar on one thread, the reference; then every level
      * (scalar again if threads > 1) on n_threads. */
@@ -813,12 +922,23 @@ static void fuzz_batch(reader *r)
         operand ek = operand_clone(&e);
         operand yk = in_place ? xk : operand_clone(&y0);
         operand mk = operand_clone(&m0), vk = operand_clone(&v0);
+        operand dyk = operand_clone(&dy), mik = operand_clone(&mean_in);
         ln_job job = {
-            .op = LN_OP_LAYER_NORM, .dtype = t, .n_rows = rows, .d = d,
+            .op = op, .dtype = t, .n_rows = rows, .d = d,
             .x = as_ln(&xk, 1), .w = as_ln(&wk, has_w), .b = as_ln(&bk, has_b),
             .eps = as_ln(&ek, 1), .y = as_ln(&yk, 1),
-            .mean = as_ln(&mk, stats), .var = as_ln(&vk, stats),
+            .mean = as_ln(&mk, stats && !back), .var = as_ln(&vk, stats && !back),
         };
+        ln_acc acc[2];
+        if (back) {
+            job.dy = as_ln(&dyk, 1);
+            job.mean = as_ln(&mik, given_mean);
+            for (int a = 0; a < 2; a++)
+                if (ln_acc_init(&acc[a], d) != 0)
+                    abort();
+            job.dw = &acc[0];
+            job.db = op == LN_OP_LAYER_NORM_BACKWARD ? &acc[1] : NULL;
+        }
         int rc = ln_batch_run(ks[k], &job, threads);
         if (rc == LN_ENOMEM)
             fail("%s: LN_ENOMEM on a small batch (%s)", "batch job", level);
@@ -827,19 +947,44 @@ static void fuzz_batch(reader *r)
         unchanged("weight", level, &wk.buf, &w.buf);
         unchanged("bias", level, &bk.buf, &b.buf);
         unchanged("eps", level, &ek.buf, &e.buf);
+        unchanged("dy", level, &dyk.buf, &dy.buf);
+        if (given_mean)
+            unchanged("mean (given)", level, &mik.buf, &mean_in.buf);
         untouched_outside("y", level, &yk, &y0);
-        untouched_outside("mean", level, &mk, &m0);
-        untouched_outside("var", level, &vk, &v0);
+        if (!back) {
+            untouched_outside("mean", level, &mk, &m0);
+            untouched_outside("var", level, &vk, &v0);
+        }
+        /* the backward's sums: their exact state, word for word */
+        uint64_t *state[2] = {NULL, NULL};
+        for (int a = 0; back && a < 2; a++) {
+            state[a] = xmalloc(acc_words * sizeof(uint64_t) + 8);
+            ln_acc_export(&acc[a], state[a]);
+            ln_acc_free(&acc[a]);
+        }
         if (run == 0) {
+            const operand *ins[5] = {&x, has_w ? &w : NULL, has_b ? &b : NULL,
+                                     back ? &dy : NULL, given_mean ? &mean_in : NULL};
+            canonical_nans_only(level, &yk, ins, 5, eps);
             y_ref = gather(&yk);
             m_ref = gather(&mk);
             v_ref = gather(&vk);
             rc_ref = rc;
+            acc_ref[0] = state[0];
+            acc_ref[1] = state[1];
         } else {
+            for (int a = 0; back && a < 2; a++)
+                for (size_t j = 0; j < acc_words; j++)
+                    if (state[a][j] != acc_ref[a][j])
+                        fail_at(a ? "dbias (exact sums' state)" : "dweight (exact sums' state)",
+                                level, j / LN_ACC_STATE_WORDS, j % LN_ACC_STATE_WORDS,
+                                &acc_ref[a][j], &state[a][j], LN_F64);
+            free(state[0]);
+            free(state[1]);
             same_items("y", level, &yk, y_ref);
             /* d == 0: ln_batch_run returns at once and writes no
              * statistics (what they should be is not specified). */
-            if (d > 0) {
+            if (d > 0 && !back) {
                 same_items("mean", level, &mk, m_ref);
                 same_items("var", level, &vk, v_ref);
             }
@@ -858,7 +1003,14 @@ static void fuzz_batch(reader *r)
         buf_free(&ek.buf);
         buf_free(&mk.buf);
         buf_free(&vk.buf);
+        buf_free(&dyk.buf);
+        buf_free(&mik.buf);
     }
+    free(acc_ref[0]);
+    free(acc_ref[1]);
+    buf_free(&dy.buf);
+    if (given_mean)
+        buf_free(&mean_in.buf);
     free(y_ref);
     free(m_ref);
     free(v_ref);

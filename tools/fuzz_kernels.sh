@@ -46,9 +46,10 @@ mkdir -p "$CORPUS"
 # that each kind of job is reached at once; libFuzzer mutates from there.
 # Byte 0 even: a row job (flags: dtype in bits 0-1, weight 4, bias 8, in
 # place 16, stream 32, 9-16 records 64, negative row strides 128; then the
-# size class and d). Byte 0 odd: a batch (flags: dtype, weight 4, bias 8,
-# mean/var 16, big 32 (+ 0x5a 0xc3), in place 64; then the dtypes of x,
-# weight, bias and the statistics, d, records, threads).
+# size class and d, the record count). Byte 0 odd: a batch (flags: dtype,
+# weight 4, bias 8, mean/var 16, big 32 (+ 0x5a 0xc3), in place 64, another
+# op 128; then the dtypes of x, weight, bias and the statistics, d,
+# records, threads).
 printf '\x00\x0e\x00\x21\x00' > "$CORPUS/seed-row-f32-d33"
 printf '\x00\x1c\x00\x05\x00\x03' > "$CORPUS/seed-row-f16-inplace"
 printf '\x00\x25\xc0\x00\x04\x01' > "$CORPUS/seed-row-bf16-stream-d1024"
@@ -58,6 +59,12 @@ printf '\x01\x1f\x05\x01\x00\x01\x80\x2c\x01\x04\x00' > "$CORPUS/seed-batch-f32-
 printf '\x01\x1d\x00\x00\x00\x00\xc0\x10\x02\x03\x02' > "$CORPUS/seed-batch-bf16"
 printf '\x01\x56\x00\x00\x00\x00\x00\x30\x00\x05\x00' > "$CORPUS/seed-batch-inplace"
 printf '\x01\x3e\x5a\xc3\x00\x00\x00\x00\x00\x00\x00\x00\x03\x01\x00' > "$CORPUS/seed-batch-threads"
+# flags bit 7: another op (next byte: 0 RMSNorm, 1 LayerNorm backward,
+# 2 RMSNorm backward); a row job's record-count byte, bit 3: RMSNorm
+printf '\x01\x97\x01\x00\x00\x00\x00\x00\x11\x00\x04\x00' > "$CORPUS/seed-batch-ln-backward"
+printf '\x01\x86\x02\x01\x00\x00\x00\x80\x2c\x01\x03\x00' > "$CORPUS/seed-batch-rms-backward"
+printf '\x01\x95\x00\x00\x00\x00\x00\x00\x07\x00\x02\x00' > "$CORPUS/seed-batch-rms"
+printf '\x00\x06\x00\x21\x00\x0b' > "$CORPUS/seed-row-rms"
 for f in "${KNOWN[@]}"; do cp "$f" "$CORPUS/known-$(basename "$f")"; done
 echo "fuzz_kernels.sh: fuzzing for ${SECONDS_BUDGET}s, corpus $CORPUS"
 "$BIN" -max_total_time="$SECONDS_BUDGET" -timeout=60 -rss_limit_mb=4096 -max_len=4096 \
