@@ -1,6 +1,6 @@
 /*
  * cross_check.c - the self-test driver of tools/cross_check.sh: runs a fixed,
- * deterministic corpus of LayerNorm batches through ln_batch_run on every
+ * deterministic corpus of batches through ln_batch_run on every
  * instruction-set level this build and CPU support, and writes what each
  * level computed (return codes, y, mean, var) to a binary file per level,
  * with a text file of one hash per case beside it. Built natively (x86-64:
@@ -21,7 +21,9 @@
  * 1e-5 (and now and then an invalid eps), x narrower than the job dtype and
  * parameters of any dtype no wider, strided, reversed, misaligned,
  * column-major and in-place layouts, and batches large enough for two
- * threads. Values are made with exact operations only (integers, powers of
+ * threads. Most cases are LayerNorm; one in eight each is RMSNorm,
+ * LayerNorm's backward (means given or recomputed) and RMSNorm's backward
+ * (dx, and the exact dweight/dbias sums: their state's hash and values). Values are made with exact operations only (integers, powers of
  * two, one rounding to the storage type), so both builds see the same bits.
  *
  * Plain C11 and the kernel API (csrc/layernorm.h); no Python.
@@ -240,8 +242,19 @@ static const char *const layout_names[NLAYOUTS] = {
     "packed", "strided (col 2 items, weight reversed)", "reversed rows, per-record parameters",
     "misaligned (odd byte offsets), eps broadcast", "column-major", "in place (y = x, row gap)"};
 
+static const char *const op_names[LN_NOPS] = {
+    [LN_OP_LAYER_NORM] = "layer_norm", [LN_OP_LAYER_NORM_BACKWARD] = "layer_norm_backward",
+    [LN_OP_RMS_NORM] = "rms_norm", [LN_OP_RMS_NORM_BACKWARD] = "rms_norm_backward"};
+
+static int is_backward(ln_op op)
+{
+    return op == LN_OP_LAYER_NORM_BACKWARD || op == LN_OP_RMS_NORM_BACKWARD;
+}
+
 typedef struct {
     int index;
+    ln_op op;
+    int given_mean; /* LayerNorm's backward: the forward's mean passed in */
     ln_dtype t, xt, wt, bt, st;
     size_t d, rows;
     int fam, has_w, has_b, layout, threads, bad_eps;
@@ -303,6 +316,7 @@ static cc_case case_of(int i)
         c.layout = b % 3 == 2 ? LAYOUT_STRIDED : LAYOUT_PACKED;
         c.threads = 2;
         c.eps = 1e-5;
+        c.op = b == 4 ? LN_OP_LAYER_NORM_BACKWARD : LN_OP_LAYER_NORM;
         return c;
     }
     int di = i / (LN_NDTYPES * NFAM);
@@ -323,18 +337,42 @@ static cc_case case_of(int i)
     c.st = c.t == LN_F64 || k % 3 == 0 ? LN_F64 : LN_F32;
     c.threads = 1 + (int)(k % 2);
     c.bad_eps = i % 37 == 5; /* the last record gets eps = -1 */
+    /* The op: LayerNorm most of the time, then RMSNorm and both backwards
+     * (drawn from the case's seed: every family, dtype and d meets every op). */
+    static const ln_op ops[8] = {LN_OP_LAYER_NORM, LN_OP_LAYER_NORM, LN_OP_LAYER_NORM,
+                                 LN_OP_LAYER_NORM, LN_OP_LAYER_NORM, LN_OP_RMS_NORM,
+                                 LN_OP_LAYER_NORM_BACKWARD, LN_OP_RMS_NORM_BACKWARD};
+    rng pick = {c.seed ^ 0x0b5ull};
+    c.op = ops[next_u64(&pick) % 8];
+    if (c.op == LN_OP_RMS_NORM || c.op == LN_OP_RMS_NORM_BACKWARD)
+        c.has_b = 0; /* no bias in RMSNorm */
+    if (is_backward(c.op)) {
+        c.has_b = 0; /* the backward takes no bias */
+        c.given_mean = c.op == LN_OP_LAYER_NORM_BACKWARD && k % 2;
+        if (c.layout == LAYOUT_IN_PLACE)
+            c.layout = LAYOUT_PACKED;
+    }
     return c;
 }
 
 static void describe(const cc_case *c, char *buf, size_t n)
 {
     snprintf(buf, n,
-             "case %d: %s job, d=%zu, %zu records, x %s, weight %s, bias %s, eps %g%s, "
+             "case %d: %s%s, %s job, d=%zu, %zu records, x %s, weight %s, bias %s, eps %g%s, "
              "values %s, layout %s, mean/var %s, %d thread%s",
-             c->index, dtype_names[c->t], c->d, c->rows, dtype_names[c->xt],
+             c->index, op_names[c->op], c->given_mean ? " (mean given)" : "",
+             dtype_names[c->t], c->d, c->rows, dtype_names[c->xt],
              c->has_w ? dtype_names[c->wt] : "none", c->has_b ? dtype_names[c->bt] : "none",
              c->eps, c->bad_eps ? " (last record -1)" : "", family_names[c->fam],
              layout_names[c->layout], dtype_names[c->st], c->threads, c->threads > 1 ? "s" : "");
+}
+
+static uint64_t fnv1a(const unsigned char *p, size_t n)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ p[i]) * 1099511628211ull;
+    return h;
 }
 
 /* ---- running a case ----------------------------------------------------- */
@@ -445,7 +483,7 @@ static void emit(bytes *b, const void *p, size_t n)
 }
 
 typedef struct {
-    buf_op x, w, b, eps;
+    buf_op x, dy, w, b, eps;
 } case_inputs;
 
 static case_inputs inputs_new(const cc_case *c)
@@ -489,6 +527,13 @@ static case_inputs inputs_new(const cc_case *c)
         double e = c->bad_eps && r + 1 == c->rows && !bcast ? -1.0 : c->eps;
         memcpy(at(&in.eps, r, 0), &e, 8);
     }
+    /* the backward's dy: ordinary values, laid out like x */
+    in.dy = op_new(c->rows, c->d, in.x.row, in.x.col, c->xt, c->layout == LAYOUT_MISALIGNED);
+    for (size_t r = 0; r < c->rows; r++) {
+        make_record(&g, FAM_NORMAL, c->xt, c->d, r, rec);
+        for (size_t i = 0; i < c->d; i++)
+            memcpy(at(&in.dy, r, i), rec + i * xsz, xsz);
+    }
     free(rec);
     return in;
 }
@@ -496,6 +541,7 @@ static case_inputs inputs_new(const cc_case *c)
 static void inputs_free(case_inputs *in)
 {
     free(in->x.block);
+    free(in->dy.block);
     free(in->w.block);
     free(in->b.block);
     free(in->eps.block);
@@ -523,13 +569,34 @@ static void run_case(const cc_case *c, const case_inputs *in, const ln_kernels *
     size_t ssz = ln_dtype_size(c->st);
     mean = op_new(c->rows, 1, (ptrdiff_t)ssz, 0, c->st, 0);
     var = op_new(c->rows, 1, -(ptrdiff_t)ssz, 0, c->st, 0);
+    int back = is_backward(c->op);
     ln_job job = {
-        .op = LN_OP_LAYER_NORM, .dtype = c->t, .n_rows = c->rows, .d = c->d,
+        .op = c->op, .dtype = c->t, .n_rows = c->rows, .d = c->d,
         .x = as_ln(&x, 1), .w = as_ln(&in->w, c->has_w), .b = as_ln(&in->b, c->has_b),
         .eps = as_ln(&in->eps, 1), .y = as_ln(&y, 1),
-        .mean = as_ln(&mean, 1), .var = as_ln(&var, 1),
+        .mean = as_ln(&mean, !back), .var = as_ln(&var, !back),
     };
-    int32_t rc = ln_batch_run(k, &job, c->threads);
+    ln_acc dw, db;
+    int32_t rc = 0;
+    if (back) {
+        if (c->given_mean) { /* the forward's mean, by the same level */
+            ln_job fwd = job;
+            fwd.op = LN_OP_LAYER_NORM;
+            fwd.mean = as_ln(&mean, 1);
+            fwd.var = as_ln(&var, 1);
+            rc = ln_batch_run(k, &fwd, c->threads);
+            job.mean = as_ln(&mean, 1);
+        }
+        job.dy = as_ln(&in->dy, 1);
+        if (ln_acc_init(&dw, c->d) != 0 || ln_acc_init(&db, c->d) != 0) {
+            fprintf(stderr, "cross_check: out of memory\n");
+            exit(2);
+        }
+        job.dw = &dw;
+        job.db = c->op == LN_OP_LAYER_NORM_BACKWARD ? &db : NULL;
+    }
+    int32_t rc2 = ln_batch_run(k, &job, c->threads);
+    rc = rc > rc2 ? rc : rc2;
     int32_t idx = c->index;
     emit(out, &idx, 4);
     emit(out, &rc, 4);
@@ -537,8 +604,28 @@ static void run_case(const cc_case *c, const case_inputs *in, const ln_kernels *
     for (size_t r = 0; r < c->rows; r++) {
         for (size_t i = 0; i < c->d; i++)
             emit(out, at(&y, r, i), isz);
-        emit(out, at(&mean, r, 0), ssz);
-        emit(out, at(&var, r, 0), ssz);
+        if (!back) {
+            emit(out, at(&mean, r, 0), ssz);
+            emit(out, at(&var, r, 0), ssz);
+        }
+    }
+    if (back) {
+        /* dweight (and dbias): the exact sums' state, then rounded once */
+        double *v = xcalloc(c->d * sizeof *v);
+        uint64_t *words = xcalloc(c->d * LN_ACC_STATE_WORDS * sizeof *words);
+        for (int s = 0; s < (c->op == LN_OP_LAYER_NORM_BACKWARD ? 2 : 1); s++) {
+            ln_acc *a = s ? &db : &dw;
+            ln_acc_export(a, words); /* the exact state, as one hash */
+            uint64_t h = fnv1a((const unsigned char *)words,
+                               c->d * LN_ACC_STATE_WORDS * sizeof *words);
+            emit(out, &h, 8);
+            ln_acc_value(a, v, 53);
+            emit(out, v, c->d * sizeof *v);
+        }
+        free(v);
+        free(words);
+        ln_acc_free(&dw);
+        ln_acc_free(&db);
     }
     if (x_copy)
         free(x_copy);
@@ -546,14 +633,6 @@ static void run_case(const cc_case *c, const case_inputs *in, const ln_kernels *
         free(y.block);
     free(mean.block);
     free(var.block);
-}
-
-static uint64_t fnv1a(const unsigned char *p, size_t n)
-{
-    uint64_t h = 1469598103934665603ull;
-    for (size_t i = 0; i < n; i++)
-        h = (h ^ p[i]) * 1099511628211ull;
-    return h;
 }
 
 /* ---- main --------------------------------------------------------------- */
@@ -588,19 +667,32 @@ static int show(int i, const char *level)
     memcpy(&rc, out.data + 4, 4);
     printf("return code %d\n", (int)rc);
     size_t isz = ln_dtype_size(c.t), ssz = ln_dtype_size(c.st), pos = 8;
+    int back = is_backward(c.op);
     for (size_t r = 0; r < c.rows; r++) {
         for (size_t k = 0; k < c.d; k++, pos += isz) {
             uint64_t u = 0;
             memcpy(&u, out.data + pos, isz);
-            printf("record %zu y[%zu] = 0x%0*" PRIx64 " %.17g   x = %.17g\n", r, k,
-                   (int)(2 * isz), u, get_value(out.data + pos, c.t),
+            printf("record %zu %s[%zu] = 0x%0*" PRIx64 " %.17g   x = %.17g\n", r,
+                   back ? "dx" : "y", k, (int)(2 * isz), u, get_value(out.data + pos, c.t),
                    get_value(at(&in.x, r, k), c.xt));
         }
-        for (int s = 0; s < 2; s++, pos += ssz) {
+        for (int s = 0; s < 2 && !back; s++, pos += ssz) {
             uint64_t u = 0;
             memcpy(&u, out.data + pos, ssz);
             printf("record %zu %s = 0x%0*" PRIx64 " %.17g\n", r, s ? "var" : "mean",
                    (int)(2 * ssz), u, get_value(out.data + pos, c.st));
+        }
+    }
+    for (int s = 0; back && s < (c.op == LN_OP_LAYER_NORM_BACKWARD ? 2 : 1); s++) {
+        const char *name = s ? "dbias" : "dweight";
+        uint64_t h;
+        memcpy(&h, out.data + pos, 8);
+        pos += 8;
+        printf("%s: hash of the exact sums' state 0x%016" PRIx64 "\n", name, h);
+        for (size_t k = 0; k < c.d; k++, pos += 8) {
+            uint64_t u;
+            memcpy(&u, out.data + pos, 8);
+            printf("%s[%zu] = 0x%016" PRIx64 " %.17g\n", name, k, u, get_value(out.data + pos, LN_F64));
         }
     }
     free(out.data);
