@@ -162,10 +162,18 @@ set +e
 DESELECT=(--deselect tests/test_core_resources.py::test_no_memory_growth_over_thousands_of_calls
           --ignore=tests/test_docs_browser.py
           --deselect tests/test_docs.py::test_docs_conf_imports_the_installed_package)
-( cd "$SRC" && "$PYTHON" -m pytest -q -p no:cacheprovider -p no:faulthandler "${DESELECT[@]}" \
-    "${PYTEST_ARGS[@]}" )
+# --capture=sys: what native code writes to fd 2 reaches the real stderr
+# instead of a per-test capture file that dies with the process. GCC's
+# UBSan, linked beside ASan, ignores log_path and always writes there, so
+# stderr is also kept in a file and a "runtime error:" in it is a report.
+( cd "$SRC" && "$PYTHON" -m pytest -q -p no:cacheprovider -p no:faulthandler --capture=sys \
+    "${DESELECT[@]}" "${PYTEST_ARGS[@]}" ) 2> >(tee "$WORK/pytest.stderr" >&2)
 RC=$?
 set -e
+sleep 1 # let tee finish
+if grep -q "runtime error:" "$WORK/pytest.stderr" 2> /dev/null; then
+    grep -B2 -A20 "runtime error:" "$WORK/pytest.stderr" > "$LOGDIR/ubsan.stderr"
+fi
 T2=$(date +%s)
 log "test suite: exit $RC in $((T2 - T1)) s"
 if [ "$SELFTEST" = 1 ]; then
