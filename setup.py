@@ -11,6 +11,11 @@ pyproject.toml) builds a release extension without debug information:
 -g0 after Python's own compiler flags (which often hold -g), and -Wl,-S
 for the linker to drop any debug sections left. The default build keeps
 Python's flags. MSVC release builds carry no debug information anyway.
+
+LAYERNORM_C_WERROR=1 (set by .ci/run) makes every warning an error
+(-Werror, with -Wmissing-field-initializers on): CI's builds must be
+warning-free with GCC and clang. A user's build never uses -Werror, so a
+newer compiler's new warning cannot break an install.
 """
 import os
 import sys
@@ -48,6 +53,8 @@ else:
     if os.environ.get("LAYERNORM_C_RELEASE", "") not in ("", "0"):
         compile_args.append("-g0")
         link_args.append("-Wl,-S")
+    if os.environ.get("LAYERNORM_C_WERROR", "") not in ("", "0"):
+        compile_args += ["-Wmissing-field-initializers", "-Werror"]
 
 setup(
     ext_modules=[

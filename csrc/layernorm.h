@@ -85,9 +85,10 @@ typedef struct {
     double var;
 } ln_stats;
 
-/* What a record kernel gets: n records whose rows are contiguous, aligned
- * and of the kernel's storage dtype (the batch layer stages any other row),
- * with parameters already in the compute type (float or double). */
+/* What a record kernel gets: n records (d >= 1 features each) whose rows
+ * are contiguous, aligned and of the kernel's storage dtype (the batch
+ * layer stages any other row), with parameters already in the compute type
+ * (float or double). */
 typedef struct ln_spare ln_spare;
 typedef struct {
     size_t n, d;
@@ -105,6 +106,12 @@ typedef struct {
     ln_spare *spare;      /* a spare row for rare paths, allocated on demand */
     int stream;           /* write y with non-temporal stores */
 } ln_rows;
+
+/* A spare row for callers of the record kernels other than ln_batch_run
+ * (the kernel fuzzer): empty until a kernel needs it; NULL without memory.
+ * One per thread at a time. */
+ln_spare *ln_spare_new(void);
+void ln_spare_free(ln_spare *spare);
 
 /* Result codes (ln_batch_run returns the worst that occurred). */
 #define LN_OK 0

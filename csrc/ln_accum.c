@@ -225,7 +225,10 @@ static int small_value(const ln_i128 *t, int bits, double *out)
     for (int l = 1; l < LN_ACC_LEVELS; l++)
         if (t[l].hi != ((int64_t)t[l].lo < 0 ? -1 : 0))
             return 0;
-    __int128 v = ((__int128)(int64_t)t[1].lo << LN_ACC_WIDTH) + (__int128)(int64_t)t[2].lo;
+    /* T1 * 2^LN_ACC_WIDTH as a product: a left shift of a negative value
+     * is undefined behaviour (UBSan), and |T1| < 2^63 keeps it in range. */
+    __int128 v = (__int128)(int64_t)t[1].lo * ((__int128)1 << LN_ACC_WIDTH) +
+                 (__int128)(int64_t)t[2].lo;
     int negative = v < 0;
     unsigned __int128 m = negative ? -(unsigned __int128)v : (unsigned __int128)v;
     uint64_t hi = (uint64_t)(m >> 64), lo = (uint64_t)m;

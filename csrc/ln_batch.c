@@ -56,6 +56,18 @@ void *ln_spare_row(ln_spare *s, size_t bytes)
     return s->row;
 }
 
+ln_spare *ln_spare_new(void)
+{
+    return calloc(1, sizeof(ln_spare));
+}
+
+void ln_spare_free(ln_spare *s)
+{
+    if (s != NULL)
+        free(s->raw);
+    free(s);
+}
+
 /* ---- the ops ---------------------------------------------------------- */
 
 /* What each op reads and writes beside its x and y rows. */

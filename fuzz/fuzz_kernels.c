@@ -2,33 +2,51 @@
  * fuzz_kernels.c - libFuzzer target for the LayerNorm kernels in csrc/ln_*.c
  * (no Python: _coremodule.c is not linked).
  *
- * Every input is decoded into one of three jobs, run on every instruction-set
- * level this CPU supports:
+ * Every input is decoded into one of two jobs, run on every instruction-set
+ * level this CPU supports and compared with the scalar level:
  *
- *   row    ln_row_f32 / ln_row_f64 on exact-size buffers (x, y, weight, bias
- *          each malloc'd to exactly its bytes, at an element-aligned offset
- *          from a 64-byte boundary), with or without weight/bias, in place
- *          or not, with the streaming-store hint on or off;
- *   batch  ln_batch_run on float16/32/64 records with arbitrary byte strides
- *          (negative, zero for broadcast rows, odd byte strides that
- *          misalign every element), per-record eps, optional mean/var
- *          outputs, 1-4 threads; each operand's buffer is exactly the span
- *          its strides address;
- *   half   the float16 <-> float32 conversions of each ISA on raw bit
- *          patterns, against the scalar ln_half_to_float/ln_float_to_half.
+ *   row    a level's record kernel, k->op[op][dtype] (LayerNorm or RMSNorm),
+ *          called directly through an ln_rows: 1 to 16 records of d = 1..1100
+ *          (d <= 40 half the time: the short-record path of ln_lane.h) in
+ *          float16, bfloat16, float32 or float64, contiguous rows at row
+ *          strides of d or more items (negative too), in place (x == y) or
+ *          not, weight and bias present or absent (in the compute type),
+ *          streaming stores on or off, and a real spare row (ln_spare_new);
+ *   batch  ln_batch_run with arbitrary byte strides (negative, zero and
+ *          overlapping rows for the inputs, column-major and odd strides
+ *          that misalign every element, buffers at any byte offset), mixed
+ *          storage dtypes (x narrower than the job dtype, weight and bias
+ *          of any dtype no wider), per-record eps at any stride, optional
+ *          mean/var (float32 or float64), in place or not, 1-4 threads; a
+ *          rare big batch (two magic bytes) is large enough to start them.
+ *          The op: LayerNorm, or RMSNorm, or either backward (dy laid out
+ *          like x; LayerNorm's with the means given or recomputed; the
+ *          exact dweight/dbias sums compared state word for word).
  *
- * Value bytes come straight from the fuzzer (raw bit patterns: NaNs with
- * payloads, infinities, subnormals) or, by a mode byte, as small integers or
- * offset data, so both extreme and ordinary records are reached.
+ * Value bytes come from the fuzzer: raw bit patterns (NaNs with payloads,
+ * infinities, subnormals), special values, or small integers times a unit
+ * (2^-1100 to 2^1016) around an offset (0, 1e2 ... 1e6, 1e30, 1e200,
+ * 1e-30, ...), which reaches the float-to-double and the scaled float64
+ * fallbacks. Once the input is used up, further bytes come from a
+ * generator seeded by the input, so short inputs still give full records.
  *
- * Checks: AddressSanitizer (any read or write outside a buffer),
- * UndefinedBehaviorSanitizer, and the reproducibility contract: every ISA's
- * outputs (y, mean, var, return code) equal the scalar ISA's bit for bit,
- * NaN payloads included, and the inputs are left unchanged. Set
- * LN_FUZZ_NAN_LOOSE=1 to accept NaNs whose payloads differ between ISAs.
+ * Checks:
+ *   - AddressSanitizer: every operand is its own allocation of exactly the
+ *     bytes its strides address (the bytes before a 64-byte phase offset
+ *     are poisoned too), so one byte read or written outside is a report;
+ *     UndefinedBehaviorSanitizer;
+ *   - every level's outputs (y, mean, var) and return code equal the
+ *     scalar level's (single-threaded) bit for bit. Records with a NaN are
+ *     written as the canonical NaN on every level, so NaNs are compared
+ *     strictly too; and in a record whose inputs are all finite, any NaN
+ *     must be the canonical one (a NaN made by arithmetic has the sign the
+ *     compiler and the architecture give it, even where all levels agree);
+ *   - inputs (x, weight, bias, eps) are unchanged, and nothing is written
+ *     outside the output items (gaps are pre-filled and compared).
  *
  * Build and run: fuzz/build.sh, then e.g.
  *     fuzz/build/fuzz_kernels -max_total_time=300 fuzz/build/corpus
+ * or tools/fuzz_kernels.sh 300 (seeds included).
  */
 #define _POSIX_C_SOURCE 200809L /* posix_memalign */
 #include <math.h>
@@ -37,21 +55,57 @@
 #include <stdlib.h>
 #include <string.h>
 
+#if defined(__has_include)
+#if __has_include(<sanitizer/asan_interface.h>)
+#include <sanitizer/asan_interface.h>
+#endif
+#endif
+#ifndef ASAN_POISON_MEMORY_REGION
+#define ASAN_POISON_MEMORY_REGION(p, n) ((void)(p), (void)(n))
+#define ASAN_UNPOISON_MEMORY_REGION(p, n) ((void)(p), (void)(n))
+#endif
+
 #include "layernorm.h"
+#include "ln_half.h"
+
+/* The harness's own data loops (filling, copying, comparing) carry no
+ * coverage counters: their edges say nothing about the kernels, and they
+ * run once per item. */
+#if defined(__clang__)
+#define NO_COVERAGE __attribute__((no_sanitize("coverage")))
+#else
+#define NO_COVERAGE
+#endif
 
 /* ---- input reader ------------------------------------------------------ */
 
+/* The fuzzer's bytes, then a generator seeded from them. */
 typedef struct {
     const uint8_t *p;
     size_t n;
+    uint64_t state;
 } reader;
+
+static reader reader_new(const uint8_t *data, size_t size)
+{
+    uint64_t h = 1469598103934665603ull ^ size; /* FNV-1a */
+    for (size_t i = 0; i < size; i++)
+        h = (h ^ data[i]) * 1099511628211ull;
+    reader r = {data, size, h};
+    return r;
+}
 
 static unsigned take8(reader *r)
 {
-    if (r->n == 0)
-        return 0;
-    r->n--;
-    return *r->p++;
+    if (r->n > 0) {
+        r->n--;
+        return *r->p++;
+    }
+    /* splitmix64 */
+    uint64_t z = (r->state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return (unsigned)((z ^ (z >> 31)) & 0xff);
 }
 
 static unsigned take16(reader *r)
@@ -68,62 +122,135 @@ static uint64_t take64(reader *r)
     return v;
 }
 
-/* ---- values ----------------------------------------------------------- */
+/* ---- dtypes ------------------------------------------------------------ */
 
-enum { V_RAW = 0, V_SMALL = 1, V_OFFSET = 2, V_SPECIAL = 3 };
+static const char *const dtype_names[LN_NDTYPES] = {
+    [LN_F16] = "float16", [LN_BF16] = "bfloat16", [LN_F32] = "float32", [LN_F64] = "float64"};
 
-static const double specials[] = {
-    0.0, -0.0, 1.0, -1.0, INFINITY, -INFINITY, NAN, 5e-324, -5e-324,
-    2.2250738585072014e-308, 1.7976931348623157e308, 3.4028234663852886e38,
-    1.401298464324817e-45, 65504.0, 6.103515625e-05, 5.960464477539063e-08,
-};
-
-/* One value of `size` bytes (2, 4, 8) written to dst, from the input. */
-static void make_value(reader *r, int mode, size_t size, void *dst)
+/* v rounded to t (once for float/double, twice for the 16-bit types:
+ * fine for making inputs). */
+NO_COVERAGE static void put_value(double v, ln_dtype t, void *dst)
 {
-    double v;
-    switch (mode) {
-    case V_RAW: {
-        uint64_t bits = take64(r);
-        memcpy(dst, &bits, size); /* little-endian: the low bytes */
-        return;
-    }
-    case V_SMALL:
-        v = (double)(int8_t)take8(r) / 8.0;
-        break;
-    case V_OFFSET:
-        v = 1000.0 + (double)(int8_t)take8(r) / 256.0;
-        break;
-    default: {
-        unsigned s = take8(r);
-        v = s < 2 * (sizeof specials / sizeof specials[0])
-                ? specials[s % (sizeof specials / sizeof specials[0])]
-                : (double)(int8_t)s;
-        break;
-    }
-    }
-    if (size == 8) {
+    float f = (float)v;
+    uint16_t h;
+    switch (t) {
+    case LN_F64:
         memcpy(dst, &v, 8);
-    } else if (size == 4) {
-        float f = (float)v;
+        return;
+    case LN_F32:
         memcpy(dst, &f, 4);
-    } else {
-        uint16_t h = ln_float_to_half((float)v);
-        memcpy(dst, &h, 2);
+        return;
+    case LN_F16:
+        h = ln_float_to_half(f);
+        break;
+    default:
+        h = ln_float_to_bf16(f);
+        break;
+    }
+    memcpy(dst, &h, 2);
+}
+
+NO_COVERAGE static double get_value(const void *src, ln_dtype t)
+{
+    uint16_t h;
+    float f;
+    double v;
+    switch (t) {
+    case LN_F64:
+        memcpy(&v, src, 8);
+        return v;
+    case LN_F32:
+        memcpy(&f, src, 4);
+        return f;
+    case LN_F16:
+        memcpy(&h, src, 2);
+        return ln_half_to_float(h);
+    default:
+        memcpy(&h, src, 2);
+        return ln_bf16_to_float(h);
     }
 }
 
-static void fill(reader *r, int mode, size_t size, void *buf, size_t n_items)
+static const char *const op_names[LN_NOPS] = {
+    [LN_OP_LAYER_NORM] = "layer_norm", [LN_OP_LAYER_NORM_BACKWARD] = "layer_norm_backward",
+    [LN_OP_RMS_NORM] = "rms_norm", [LN_OP_RMS_NORM_BACKWARD] = "rms_norm_backward"};
+
+/* ---- values ------------------------------------------------------------ */
+
+enum { V_RAW = 0, V_SPECIAL = 1, V_AFFINE = 2, V_AFFINE2 = 3, V_NMODES = 4 };
+
+static const double specials[] = {
+    0.0, -0.0, 1.0, -1.0, INFINITY, -INFINITY, NAN, -NAN, 5e-324, -5e-324,
+    2.2250738585072014e-308, 1.7976931348623157e308, 3.4028234663852886e38,
+    1.401298464324817e-45, 1.1754943508222875e-38, 65504.0, 6.103515625e-05,
+    5.960464477539063e-08, 3.3895313892515355e38, 1e30, 1e-30, 1e154, 1e-160,
+};
+#define N_SPECIALS (sizeof specials / sizeof specials[0])
+
+static const double offsets[] = {0.0, 0.0, 0.0, 100.0, 1e4, 1e6, -1e4, 3e7, 1e30,
+                                 -1e30, 1e-30, 1e200, -1e200, 1e-300, 65000.0, 1e38};
+#define N_OFFSETS (sizeof offsets / sizeof offsets[0])
+
+/* How the values of one operand are made. */
+typedef struct {
+    int mode;
+    double base, unit;
+} valgen;
+
+static valgen pick_valgen(reader *r)
 {
+    valgen g;
+    unsigned m = take8(r);
+    g.mode = (int)(m % V_NMODES);
+    g.base = offsets[take8(r) % N_OFFSETS];
+    /* unit 2^e: small steps around 0 most of the time, the whole double
+     * range in steps of 8 otherwise */
+    int e = (int)(int8_t)take8(r);
+    g.unit = ldexp(1.0, (m & 0x80) ? e * 8 : e / 4 - 3);
+    return g;
+}
+
+NO_COVERAGE static void make_value(reader *r, const valgen *g, ln_dtype t, void *dst)
+{
+    double v;
+    switch (g->mode) {
+    case V_RAW: {
+        uint64_t bits = take64(r);
+        memcpy(dst, &bits, ln_dtype_size(t)); /* little-endian: the low bytes */
+        return;
+    }
+    case V_SPECIAL: {
+        unsigned s = take8(r);
+        v = s < 2 * N_SPECIALS ? specials[s % N_SPECIALS] : (double)(int8_t)s;
+        break;
+    }
+    case V_AFFINE:
+        v = g->base + (double)(int8_t)take8(r) * g->unit;
+        break;
+    default: /* mostly affine, a special now and then */
+    {
+        unsigned s = take8(r);
+        v = s >= 248 ? specials[take8(r) % N_SPECIALS]
+                     : g->base + (double)(int8_t)take8(r) * g->unit;
+        break;
+    }
+    }
+    put_value(v, t, dst);
+}
+
+/* n_items values of t, packed at buf. */
+NO_COVERAGE static void fill(reader *r, const valgen *g, ln_dtype t, void *buf, size_t n_items)
+{
+    size_t isz = ln_dtype_size(t);
     for (size_t i = 0; i < n_items; i++)
-        make_value(r, mode, size, (char *)buf + i * size);
+        make_value(r, g, t, (char *)buf + i * isz);
 }
 
 static double pick_eps(reader *r)
 {
     static const double table[] = {1e-5, 0.0, 1e-12, 5e-324, 1.0, 1e300,
                                    1.7976931348623157e308, -1.0, NAN, INFINITY,
-                                   -0.0, 1e-3};
+                                   -0.0, 1e-3, 1e-30, 1e30, 1e-300, -5e-324};
     unsigned s = take8(r);
     if (s < 240)
         return table[s % (sizeof table / sizeof table[0])];
@@ -133,276 +260,71 @@ static double pick_eps(reader *r)
     return e;
 }
 
-/* ---- comparison -------------------------------------------------------- */
-
-static int nan_loose = -1;
-
-static int nan_loose_mode(void)
+/* d: short records (d <= 40, the short-record path and its edge at
+ * LN_LANES) half the time, else up to 300 (one block edge) or 1100. */
+static size_t pick_d(reader *r, size_t lo)
 {
-    if (nan_loose < 0) {
-        const char *e = getenv("LN_FUZZ_NAN_LOOSE");
-        nan_loose = e && *e && *e != '0';
-    }
-    return nan_loose;
-}
-
-static int is_nan_bits(const unsigned char *p, size_t size)
-{
-    if (size == 8) {
-        double v;
-        memcpy(&v, p, 8);
-        return isnan(v);
-    }
-    if (size == 4) {
-        float v;
-        memcpy(&v, p, 4);
-        return isnan(v);
-    }
-    uint16_t h;
-    memcpy(&h, p, 2);
-    return (h & 0x7c00u) == 0x7c00u && (h & 0x3ffu) != 0;
-}
-
-/* Bit-for-bit equality of two buffers of `size`-byte values; on a
- * mismatch, say where and abort (libFuzzer keeps the input). */
-static void same_bits(const char *what, const char *isa, const void *a,
-                      const void *b, size_t bytes, size_t size)
-{
-    if (memcmp(a, b, bytes) == 0)
-        return;
-    nan_loose_mode();
-    const unsigned char *pa = a, *pb = b;
-    for (size_t i = 0; i + size <= bytes; i += size) {
-        if (memcmp(pa + i, pb + i, size) == 0)
-            continue;
-        int both_nan = is_nan_bits(pa + i, size) && is_nan_bits(pb + i, size);
-        if (both_nan && nan_loose)
-            continue;
-        uint64_t ua = 0, ub = 0;
-        memcpy(&ua, pa + i, size);
-        memcpy(&ub, pb + i, size);
-        fprintf(stderr,
-                "fuzz_kernels: %s differs between scalar and %s at byte %zu: "
-                "scalar bits 0x%0*llx, %s bits 0x%0*llx%s\n",
-                what, isa, i, (int)(2 * size), (unsigned long long)ua, isa,
-                (int)(2 * size), (unsigned long long)ub,
-                both_nan ? " (both NaN: only the NaN payloads differ)" : "");
-        abort();
-    }
-}
-
-/* The batch being checked, to print its inputs next to a mismatch. */
-static const ln_batch *g_job;
-
-static void print_item(const char *name, const char *base, ptrdiff_t row,
-                       ptrdiff_t col, size_t r, size_t c, size_t size)
-{
-    if (!base)
-        return;
-    uint64_t u = 0;
-    memcpy(&u, base + (ptrdiff_t)r * row + (ptrdiff_t)c * col, size);
-    fprintf(stderr, "fuzz_kernels:   %s[%zu, %zu] bits 0x%0*llx\n", name, r, c,
-            (int)(2 * size), (unsigned long long)u);
-}
-
-static void print_inputs(size_t r, size_t c)
-{
-    const ln_batch *j = g_job;
-    if (!j)
-        return;
-    size_t isz = j->dtype == LN_F16 ? 2 : (j->dtype == LN_F32 ? 4 : 8);
-    print_item("x", j->x, j->x_row, j->x_col, r, c, isz);
-    print_item("weight", j->w, j->w_row, j->w_col, r, c, isz);
-    print_item("bias", j->b, j->b_row, j->b_col, r, c, isz);
-    print_item("eps", j->eps, j->eps_row, 0, r, 0, 8);
-    for (size_t i = 0; i < j->d && i < 64; i++)
-        print_item("x (record)", j->x, j->x_row, j->x_col, r, i, isz);
-}
-
-/* Compare two copies of a strided output item by item (rows x cols items
- * of `size` bytes at origin + r*row + c*col in each buffer), then the
- * whole buffers: a difference outside every item is a stray write. */
-static void same_items(const char *what, const char *isa, const char *buf0,
-                       const char *buf1, size_t bytes, ptrdiff_t origin,
-                       size_t rows, size_t cols, ptrdiff_t row, ptrdiff_t col,
-                       size_t size)
-{
-    if (memcmp(buf0, buf1, bytes) == 0)
-        return;
-    for (size_t r = 0; r < rows; r++) {
-        for (size_t c = 0; c < cols; c++) {
-            ptrdiff_t at = origin + (ptrdiff_t)r * row + (ptrdiff_t)c * col;
-            if (memcmp(buf0 + at, buf1 + at, size) == 0)
-                continue;
-            char label[160];
-            snprintf(label, sizeof label, "%s[row %zu, col %zu]", what, r, c);
-            if (memcmp(buf0 + at, buf1 + at, size) != 0 && !nan_loose_mode())
-                print_inputs(r, c);
-            same_bits(label, isa, buf0 + at, buf1 + at, size, size);
-        }
-    }
-    /* Every item matched (or differs in NaN payload only, under
-     * LN_FUZZ_NAN_LOOSE): the rest must be the untouched fill. */
-    for (size_t r = 0; r < rows; r++)
-        for (size_t c = 0; c < cols; c++) {
-            ptrdiff_t at = origin + (ptrdiff_t)r * row + (ptrdiff_t)c * col;
-            memcpy((char *)buf1 + at, buf0 + at, size);
-        }
-    if (memcmp(buf0, buf1, bytes) != 0) {
-        fprintf(stderr, "fuzz_kernels: %s: %s wrote outside the output items\n", what,
-                isa);
-        abort();
-    }
-}
-
-static void unchanged(const char *what, const void *now, const void *before,
-                      size_t bytes)
-{
-    if (bytes && memcmp(now, before, bytes) != 0) {
-        fprintf(stderr, "fuzz_kernels: %s was modified by the kernel\n", what);
-        abort();
-    }
+    unsigned c = take8(r);
+    size_t v = take16(r);
+    size_t d = c < 128 ? v % 41 : (c < 192 ? v % 301 : v % 1101);
+    return d < lo ? lo : d;
 }
 
 /* ---- exact-size buffers ------------------------------------------------ */
 
-/* `bytes` bytes starting `off` bytes past a 64-byte boundary. The
- * allocation ends exactly at start + bytes, so ASan flags any read or write
- * past the end; with off = 0 it also starts exactly at start. */
+/* `bytes` bytes starting `off` bytes past a 64-byte boundary, in an
+ * allocation that ends exactly at start + bytes and whose first `off`
+ * bytes are poisoned: ASan flags any access outside [start, start + bytes). */
 typedef struct {
     void *block;
     char *p;
+    size_t off, bytes;
 } buffer;
 
 static buffer buf_new(size_t bytes, size_t off)
 {
     buffer b;
-    off %= 64;
-    if (posix_memalign(&b.block, 64, off + bytes ? off + bytes : 1) != 0)
+    b.off = off % 64;
+    b.bytes = bytes;
+    if (posix_memalign(&b.block, 64, b.off + bytes ? b.off + bytes : 1) != 0)
         abort();
-    b.p = (char *)b.block + off;
+    b.p = (char *)b.block + b.off;
+    ASAN_POISON_MEMORY_REGION(b.block, b.off);
     return b;
 }
 
 static void buf_free(buffer *b)
 {
+    if (b->block == NULL)
+        return;
+    ASAN_UNPOISON_MEMORY_REGION(b->block, b->off);
     free(b->block);
     b->block = NULL;
     b->p = NULL;
 }
 
-/* ---- ISAs ------------------------------------------------------------ */
-
-static int isa_list(const ln_kernels **ks, const char **names)
+static void *xmalloc(size_t n)
 {
-    int n = 0;
-    for (int i = 0; i <= (int)LN_ISA_AVX512; i++) {
-        if (!ln_isa_supported((ln_isa)i))
-            continue;
-        ks[n] = ln_kernels_for((ln_isa)i);
-        names[n] = ln_isa_name((ln_isa)i);
-        n++;
-    }
-    return n;
+    void *p = malloc(n ? n : 1);
+    if (p == NULL)
+        abort();
+    return p;
 }
 
-/* ---- job 1: one record ------------------------------------------------- */
+/* ---- strided operands -------------------------------------------------- */
 
-static void fuzz_row(reader *r)
-{
-    unsigned flags = take8(r);
-    int f64 = flags & 1, has_w = flags & 2, has_b = flags & 4;
-    int inplace = flags & 8, stream = flags & 16;
-    int mode = (flags >> 6) & 3;
-    size_t d = take16(r) % 1100;
-    if (take8(r) & 1)
-        d %= 70; /* short records most of the time */
-    size_t isz = f64 ? 8 : 4;
-    size_t bytes = d * isz;
-    size_t off[4];
-    for (int i = 0; i < 4; i++)
-        off[i] = (take8(r) % 16) * isz; /* element-aligned, 64-byte phase */
-    double eps = pick_eps(r);
+/* A strided operand in its own exact-size buffer. */
+typedef struct {
+    buffer buf;
+    char *origin; /* item (0, 0) */
+    size_t rows, cols;
+    ptrdiff_t row, col;
+    ln_dtype dtype;
+} operand;
 
-    /* The values, once; each ISA gets fresh exact-size copies. */
-    char *xv = malloc(bytes + 1), *wv = malloc(bytes + 1), *bv = malloc(bytes + 1);
-    if (!xv || !wv || !bv)
-        abort();
-    fill(r, mode, isz, xv, d);
-    fill(r, mode == V_RAW ? V_SMALL : mode, isz, wv, d);
-    fill(r, mode == V_RAW ? V_SMALL : mode, isz, bv, d);
-
-    const ln_kernels *ks[3];
-    const char *names[3];
-    int n_isa = isa_list(ks, names);
-    char *y0 = malloc(bytes + 1);
-    ln_stats st0 = {0, 0};
-    int rc0 = 0;
-    if (!y0)
-        abort();
-
-    for (int k = 0; k < n_isa; k++) {
-        buffer x = buf_new(bytes, off[0]), y = buf_new(bytes, off[1]);
-        buffer w = buf_new(has_w ? bytes : 0, off[2]);
-        buffer b = buf_new(has_b ? bytes : 0, off[3]);
-        memcpy(x.p, xv, bytes);
-        if (has_w)
-            memcpy(w.p, wv, bytes);
-        if (has_b)
-            memcpy(b.p, bv, bytes);
-        char *yp = inplace ? x.p : y.p;
-        ln_hints hints;
-        memset(&hints, 0, sizeof hints);
-        hints.stream = stream ? 1 : 0;
-        ln_stats st = {0, 0};
-        int rc;
-        if (f64)
-            rc = ln_row_f64(ks[k], (const double *)x.p, (double *)yp, d,
-                            has_w ? (const double *)w.p : NULL,
-                            has_b ? (const double *)b.p : NULL, eps, &hints, &st);
-        else
-            rc = ln_row_f32(ks[k], (const float *)x.p, (float *)yp, d,
-                            has_w ? (const float *)w.p : NULL,
-                            has_b ? (const float *)b.p : NULL, eps, &hints, &st);
-        if (ks[k]->store_fence)
-            ks[k]->store_fence();
-        if (!inplace)
-            unchanged("row x", x.p, xv, bytes);
-        if (has_w)
-            unchanged("row weight", w.p, wv, bytes);
-        if (has_b)
-            unchanged("row bias", b.p, bv, bytes);
-        if (k == 0) {
-            memcpy(y0, yp, bytes);
-            st0 = st;
-            rc0 = rc;
-        } else {
-            same_bits(f64 ? "row y (f64)" : "row y (f32)", names[k], y0, yp,
-                      bytes, isz);
-            same_bits("row mean", names[k], &st0.mean, &st.mean, 8, 8);
-            same_bits("row var", names[k], &st0.var, &st.var, 8, 8);
-            if (rc != rc0) {
-                fprintf(stderr, "fuzz_kernels: row rc %d (scalar) vs %d (%s)\n",
-                        rc0, rc, names[k]);
-                abort();
-            }
-        }
-        buf_free(&x);
-        buf_free(&y);
-        buf_free(&w);
-        buf_free(&b);
-    }
-    free(y0);
-    free(xv);
-    free(wv);
-    free(bv);
-}
-
-/* ---- job 2: a strided batch ------------------------------------------- */
-
-/* Byte extent [lo, hi) addressed by rows x cols items of `size` bytes. */
-static void extent(size_t rows, size_t cols, ptrdiff_t row, ptrdiff_t col,
-                   size_t size, ptrdiff_t *lo, ptrdiff_t *hi)
+/* Byte extent [lo, hi) of rows x cols items of `size` bytes. */
+static void extent(size_t rows, size_t cols, ptrdiff_t row, ptrdiff_t col, size_t size,
+                   ptrdiff_t *lo, ptrdiff_t *hi)
 {
     *lo = 0;
     *hi = 0;
@@ -414,266 +336,708 @@ static void extent(size_t rows, size_t cols, ptrdiff_t row, ptrdiff_t col,
     *hi = (r_end > 0 ? r_end : 0) + (c_end > 0 ? c_end : 0) + (ptrdiff_t)size;
 }
 
-typedef struct {
-    buffer buf;
-    char *origin; /* element (0, 0) */
-    size_t bytes;
-} operand;
-
-static operand operand_new(size_t rows, size_t cols, ptrdiff_t row,
-                           ptrdiff_t col, size_t size, size_t off)
+static operand operand_new(size_t rows, size_t cols, ptrdiff_t row, ptrdiff_t col,
+                           ln_dtype t, size_t off)
 {
     ptrdiff_t lo, hi;
     operand o;
-    extent(rows, cols, row, col, size, &lo, &hi);
-    o.bytes = (size_t)(hi - lo);
-    o.buf = buf_new(o.bytes, off);
+    extent(rows, cols, row, col, ln_dtype_size(t), &lo, &hi);
+    o.buf = buf_new((size_t)(hi - lo), off);
     o.origin = o.buf.p - lo;
+    o.rows = rows;
+    o.cols = cols;
+    o.row = row;
+    o.col = col;
+    o.dtype = t;
     return o;
 }
 
-/* A column stride in bytes: packed, spaced, reversed, or odd (misaligned
- * elements). */
-static ptrdiff_t pick_col(reader *r, size_t isz)
+/* A fresh buffer of the same layout holding the same bytes. */
+NO_COVERAGE static operand operand_clone(const operand *src)
 {
-    switch (take8(r) % 8) {
-    case 0: case 1: case 2: return (ptrdiff_t)isz;
-    case 3: return 2 * (ptrdiff_t)isz;
-    case 4: return -(ptrdiff_t)isz;
-    case 5: return (ptrdiff_t)isz + 1;
-    case 6: return -3 * (ptrdiff_t)isz;
-    default: return 3 * (ptrdiff_t)isz - 1;
+    operand o = *src;
+    o.buf = buf_new(src->buf.bytes, src->buf.off);
+    memcpy(o.buf.p, src->buf.p, src->buf.bytes);
+    o.origin = o.buf.p + (src->origin - src->buf.p);
+    return o;
+}
+
+NO_COVERAGE static inline char *item(const operand *o, size_t r, size_t c)
+{
+    return o->origin + (ptrdiff_t)r * o->row + (ptrdiff_t)c * o->col;
+}
+
+static ln_operand as_ln(const operand *o, int present)
+{
+    ln_operand op = {.ptr = present ? o->origin : NULL, .row = o->row, .col = o->col,
+                     .dtype = o->dtype};
+    return op;
+}
+
+/* The items of o, packed (rows x cols x item size bytes). */
+NO_COVERAGE static char *gather(const operand *o)
+{
+    size_t isz = ln_dtype_size(o->dtype);
+    char *out = xmalloc(o->rows * o->cols * isz);
+    for (size_t r = 0; r < o->rows; r++)
+        for (size_t c = 0; c < o->cols; c++)
+            memcpy(out + (r * o->cols + c) * isz, item(o, r, c), isz);
+    return out;
+}
+
+/* ---- reporting --------------------------------------------------------- */
+
+static char g_case[1024]; /* the job being checked, in words */
+
+static unsigned long long bits_of(const void *p, size_t size)
+{
+    uint64_t u = 0;
+    memcpy(&u, p, size);
+    return (unsigned long long)u;
+}
+
+static void print_record(const char *name, const operand *o, size_t r)
+{
+    if (o == NULL || o->buf.block == NULL || o->rows == 0)
+        return;
+    size_t rr = o->row == 0 ? 0 : r;
+    fprintf(stderr, "fuzz_kernels:   %s (%s) of record %zu:", name, dtype_names[o->dtype], r);
+    for (size_t c = 0; c < o->cols && c < 48; c++)
+        fprintf(stderr, "%s%.17g", c ? ", " : " ", get_value(item(o, rr, c), o->dtype));
+    fprintf(stderr, "%s\n", o->cols > 48 ? ", ..." : "");
+}
+
+typedef struct {
+    const operand *x, *w, *b;
+    const double *eps; /* per record, or NULL */
+} inputs;
+
+static inputs g_in;
+
+static void fail_at(const char *what, const char *level, size_t r, size_t c,
+                    const void *want, const void *got, ln_dtype t)
+{
+    int w = (int)(2 * ln_dtype_size(t));
+    fprintf(stderr,
+            "fuzz_kernels: %s differs between scalar and %s at record %zu, item %zu: "
+            "scalar bits 0x%0*llx (%.17g), %s bits 0x%0*llx (%.17g)\n"
+            "fuzz_kernels:   case: %s\n",
+            what, level, r, c, w, bits_of(want, ln_dtype_size(t)), get_value(want, t), level,
+            w, bits_of(got, ln_dtype_size(t)), get_value(got, t), g_case);
+    print_record("x", g_in.x, r);
+    print_record("weight", g_in.w, r);
+    print_record("bias", g_in.b, r);
+    if (g_in.eps)
+        fprintf(stderr, "fuzz_kernels:   eps of record %zu: %.17g\n", r, g_in.eps[r]);
+    abort();
+}
+
+static void fail(const char *fmt, const char *a, const char *b)
+{
+    fprintf(stderr, "fuzz_kernels: ");
+    fprintf(stderr, fmt, a, b);
+    fprintf(stderr, "\nfuzz_kernels:   case: %s\n", g_case);
+    abort();
+}
+
+/* The items of o equal `want` (packed, as gather makes them) bit for bit. */
+NO_COVERAGE static void same_items(const char *what, const char *level, const operand *o,
+                       const char *want)
+{
+    size_t isz = ln_dtype_size(o->dtype);
+    char *got = gather(o);
+    int same = memcmp(got, want, o->rows * o->cols * isz) == 0;
+    free(got);
+    if (same)
+        return;
+    for (size_t r = 0; r < o->rows; r++)
+        for (size_t c = 0; c < o->cols; c++) {
+            const char *w = want + (r * o->cols + c) * isz;
+            if (memcmp(item(o, r, c), w, isz) != 0)
+                fail_at(what, level, r, c, w, item(o, r, c), o->dtype);
+        }
+}
+
+/* Outside its items, o's buffer holds what `before` (a buffer of the same
+ * layout) held: nothing was written anywhere else. */
+NO_COVERAGE static void untouched_outside(const char *what, const char *level, const operand *o,
+                              const operand *before)
+{
+    size_t isz = ln_dtype_size(o->dtype);
+    if (o->buf.bytes == o->rows * o->cols * isz)
+        return; /* packed: there is no outside */
+    char *now = xmalloc(o->buf.bytes);
+    memcpy(now, o->buf.p, o->buf.bytes);
+    for (size_t r = 0; r < o->rows; r++)
+        for (size_t c = 0; c < o->cols; c++) {
+            ptrdiff_t at = item(o, r, c) - o->buf.p;
+            memcpy(now + at, before->buf.p + at, isz);
+        }
+    if (memcmp(now, before->buf.p, o->buf.bytes) != 0)
+        fail("%s: %s wrote outside the output items", what, level);
+    free(now);
+}
+
+NO_COVERAGE static void unchanged(const char *what, const char *level, const buffer *now,
+                      const buffer *before)
+{
+    if (now->bytes && memcmp(now->p, before->p, now->bytes) != 0)
+        fail("%s was modified by %s", what, level);
+}
+
+/* ---- NaNs made by arithmetic ------------------------------------------ */
+
+/* The canonical quiet NaN of each dtype: what a NaN record is written as. */
+static uint64_t canonical_nan(ln_dtype t)
+{
+    switch (t) {
+    case LN_F16: return 0x7e00u;
+    case LN_BF16: return 0x7fc0u;
+    case LN_F32: return 0x7fc00000u;
+    default: return 0x7ff8000000000000ull;
     }
 }
 
-/* A row stride in bytes for rows of d items at column stride col: packed
- * after the row, with a gap, reversed, or 0 (every row the same memory;
- * inputs only). */
-static ptrdiff_t pick_row(reader *r, size_t d, ptrdiff_t col, size_t isz,
-                          int allow_zero)
+/* Are the d items of row r of o (row 0 if it is shared) all finite? An
+ * absent operand is. */
+NO_COVERAGE static int row_finite(const operand *o, size_t r)
 {
-    ptrdiff_t span = (ptrdiff_t)d * (col < 0 ? -col : col);
-    if (span < (ptrdiff_t)isz)
-        span = (ptrdiff_t)isz;
-    switch (take8(r) % 6) {
+    if (o == NULL || o->rows == 0)
+        return 1;
+    size_t rr = o->row == 0 || o->rows == 1 ? 0 : r;
+    for (size_t c = 0; c < o->cols; c++)
+        if (!isfinite(get_value(item(o, rr, c), o->dtype)))
+            return 0;
+    return 1;
+}
+
+/* A record whose inputs are all finite (x, dy, weight, bias, eps) can still
+ * come out NaN (0/0 records, overflowing intermediates), but only as the
+ * canonical NaN: the sign and payload of a NaN made by arithmetic depend on
+ * the compiler and the architecture (x86's default NaN is negative,
+ * aarch64's positive), so such a NaN breaks the contract even where every
+ * level of this build happens to agree. Checked on the reference run. */
+NO_COVERAGE static void canonical_nans_only(const char *level, const operand *out,
+                                            const operand *const *ins, int n_ins,
+                                            const double *eps)
+{
+    size_t isz = ln_dtype_size(out->dtype);
+    uint64_t canon = canonical_nan(out->dtype);
+    for (size_t r = 0; r < out->rows; r++) {
+        int finite = eps == NULL || isfinite(eps[r]);
+        for (int i = 0; finite && i < n_ins; i++)
+            finite = row_finite(ins[i], r);
+        if (!finite)
+            continue;
+        for (size_t c = 0; c < out->cols; c++) {
+            const char *p = item(out, r, c);
+            if (!isnan(get_value(p, out->dtype)) || bits_of(p, isz) == canon)
+                continue;
+            fprintf(stderr,
+                    "fuzz_kernels: a NaN that is not the canonical one, 0x%0*llx instead of "
+                    "0x%0*llx, at record %zu, item %zu of a record whose inputs are all "
+                    "finite (%s): its sign is up to the compiler and the architecture\n"
+                    "fuzz_kernels:   case: %s\n",
+                    (int)(2 * isz), bits_of(p, isz), (int)(2 * isz), (unsigned long long)canon,
+                    r, c, level, g_case);
+            print_record("x", g_in.x, r);
+            print_record("weight", g_in.w, r);
+            print_record("bias", g_in.b, r);
+            if (g_in.eps)
+                fprintf(stderr, "fuzz_kernels:   eps of record %zu: %.17g\n", r, g_in.eps[r]);
+            abort();
+        }
+    }
+}
+
+/* ---- levels ------------------------------------------------------------ */
+
+static int level_list(const ln_kernels **ks, const char **names)
+{
+    int n = 0;
+    for (int i = 0; i < (int)LN_NISAS; i++) {
+        if (!ln_isa_supported((ln_isa)i))
+            continue;
+        ks[n] = ln_kernels_for((ln_isa)i);
+        names[n] = ln_isa_name((ln_isa)i);
+        n++;
+    }
+    return n;
+}
+
+/* ---- job 1: record kernels directly ------------------------------------ */
+
+static void fuzz_row(reader *r)
+{
+    unsigned flags = take8(r);
+    ln_dtype t = (ln_dtype)(flags & 3);
+    int has_w = flags & 4, has_b = flags & 8, in_place = flags & 16;
+    int stream = (flags & 32) != 0, more = flags & 64, reverse = flags & 128;
+    size_t isz = ln_dtype_size(t);
+    ln_dtype pt = t == LN_F64 ? LN_F64 : LN_F32; /* parameters: compute type */
+    size_t psz = ln_dtype_size(pt);
+    size_t d = pick_d(r, 1); /* record kernels take d >= 1 */
+    unsigned nb = take8(r);
+    size_t n = 1 + nb % 8 + (more ? 8 : 0);
+    ln_op op = (nb >> 3) & 1 ? LN_OP_RMS_NORM : LN_OP_LAYER_NORM;
+    if (op == LN_OP_RMS_NORM)
+        has_b = 0; /* RMSNorm has no bias */
+    ptrdiff_t x_row = (ptrdiff_t)((d + take8(r) % 5) * isz);
+    ptrdiff_t y_row = in_place ? x_row : (ptrdiff_t)((d + take8(r) % 5) * isz);
+    if (reverse) {
+        x_row = -x_row;
+        y_row = -y_row;
+    }
+    size_t off[4];
+    for (int i = 0; i < 4; i++)
+        off[i] = (take8(r) % 16) * isz; /* element-aligned, any 64-byte phase */
+    valgen gx = pick_valgen(r), gp = pick_valgen(r);
+
+    operand x = operand_new(n, d, x_row, (ptrdiff_t)isz, t, off[0]);
+    operand w = operand_new(has_w ? 1 : 0, d, 0, (ptrdiff_t)psz, pt, off[1] / isz * psz);
+    operand b = operand_new(has_b ? 1 : 0, d, 0, (ptrdiff_t)psz, pt, off[2] / isz * psz);
+    operand y0 = operand_new(n, d, y_row, (ptrdiff_t)isz, t, off[3]);
+    fill(r, &gx, t, x.buf.p, x.buf.bytes / isz);
+    fill(r, &gp, pt, w.buf.p, w.buf.bytes / psz);
+    fill(r, &gp, pt, b.buf.p, b.buf.bytes / psz);
+    double *eps = xmalloc(n * sizeof *eps);
+    for (size_t k = 0; k < n; k++)
+        eps[k] = pick_eps(r);
+
+    snprintf(g_case, sizeof g_case,
+             "row job: %s %s record kernel, n=%zu records of d=%zu, x_row=%td y_row=%td bytes "
+             "(%s), weight %s, bias %s, stream=%d",
+             op_names[op], dtype_names[t], n, d, x_row, y_row, in_place ? "in place" : "x != y",
+             has_w ? "yes" : "no", has_b ? "yes" : "no", stream);
+    g_in = (inputs){&x, has_w ? &w : NULL, has_b ? &b : NULL, eps};
+
+    const ln_kernels *ks[LN_NISAS];
+    const char *names[LN_NISAS];
+    int n_levels = level_list(ks, names);
+    char *y_ref = NULL;
+    ln_stats *st_ref = xmalloc(n * sizeof *st_ref);
+    int rc_ref = 0;
+    for (int k = 0; k < n_levels; k++) {
+        /* Outputs pre-filled, by turns with two patterns: a stray write
+         * shows as a changed gap, an item left unwritten as a difference. */
+        int fill_byte = k % 2 ? 0x5A : 0xA5;
+        memset(y0.buf.p, fill_byte, y0.buf.bytes);
+        operand xk = operand_clone(&x), wk = operand_clone(&w), bk = operand_clone(&b);
+        operand yk = in_place ? xk : operand_clone(&y0);
+        buffer epsk = buf_new(n * sizeof(double), 0);
+        buffer stk = buf_new(n * sizeof(ln_stats), 0);
+        memcpy(epsk.p, eps, n * sizeof(double));
+        memset(stk.p, fill_byte, stk.bytes);
+        ln_spare *spare = ln_spare_new();
+        if (spare == NULL)
+            abort();
+        ln_rows rows = {
+            .n = n, .d = d,
+            .x = xk.origin, .x_row = x_row,
+            .y = yk.origin, .y_row = y_row,
+            .w = has_w ? (const void *)wk.origin : NULL,
+            .b = has_b ? (const void *)bk.origin : NULL,
+            .eps = (const double *)epsk.p, .st = (ln_stats *)stk.p,
+            .spare = spare, .stream = stream,
+        };
+        int rc = ks[k]->op[op][t](&rows);
+        ks[k]->store_fence();
+        ln_spare_free(spare);
+        if (rc == LN_ENOMEM)
+            fail("%s: LN_ENOMEM from the %s record kernel", "row job", names[k]);
+        if (!in_place)
+            unchanged("x", names[k], &xk.buf, &x.buf);
+        unchanged("weight", names[k], &wk.buf, &w.buf);
+        unchanged("bias", names[k], &bk.buf, &b.buf);
+        unchanged("eps", names[k], &epsk, &(buffer){.p = (char *)eps, .bytes = epsk.bytes});
+        /* rows between the records: the fill of x (in place) or the pattern */
+        untouched_outside("y", names[k], &yk, in_place ? &x : &y0);
+        if (k == 0) {
+            const operand *ins[3] = {&x, has_w ? &w : NULL, has_b ? &b : NULL};
+            canonical_nans_only(names[k], &yk, ins, 3, eps);
+            y_ref = gather(&yk);
+            memcpy(st_ref, stk.p, n * sizeof *st_ref);
+            rc_ref = rc;
+        } else {
+            same_items("y", names[k], &yk, y_ref);
+            const ln_stats *st = (const ln_stats *)stk.p;
+            for (size_t j = 0; j < n; j++) {
+                if (memcmp(&st[j].mean, &st_ref[j].mean, 8) != 0)
+                    fail_at("mean", names[k], j, 0, &st_ref[j].mean, &st[j].mean, LN_F64);
+                if (memcmp(&st[j].var, &st_ref[j].var, 8) != 0)
+                    fail_at("var", names[k], j, 0, &st_ref[j].var, &st[j].var, LN_F64);
+            }
+            if (rc != rc_ref) {
+                char a[32], bb[64];
+                snprintf(a, sizeof a, "%d", rc_ref);
+                snprintf(bb, sizeof bb, "%d (%s)", rc, names[k]);
+                fail("return code %s (scalar) vs %s", a, bb);
+            }
+        }
+        buf_free(&xk.buf);
+        if (!in_place)
+            buf_free(&yk.buf);
+        buf_free(&wk.buf);
+        buf_free(&bk.buf);
+        buf_free(&epsk);
+        buf_free(&stk);
+    }
+    free(y_ref);
+    free(st_ref);
+    free(eps);
+    buf_free(&x.buf);
+    buf_free(&w.buf);
+    buf_free(&b.buf);
+    buf_free(&y0.buf);
+}
+
+/* ---- job 2: strided batches -------------------------------------------- */
+
+/* A storage dtype no wider than t (x: strictly narrower or t itself;
+ * weight/bias: of at most t's size, which the compute type holds exactly). */
+static ln_dtype pick_narrower(reader *r, ln_dtype t, int strict)
+{
+    unsigned s = take8(r);
+    if (s % 2 == 0)
+        return t; /* the common case: the job's own dtype */
+    ln_dtype c[LN_NDTYPES];
+    int n = 0;
+    for (int u = 0; u < LN_NDTYPES; u++) {
+        size_t us = ln_dtype_size((ln_dtype)u), ts = ln_dtype_size(t);
+        if (u == (int)t || (strict ? us < ts : us <= ts))
+            c[n++] = (ln_dtype)u;
+    }
+    return c[(s / 2) % (unsigned)n];
+}
+
+/* A column stride in bytes: packed, spaced, reversed, or odd (misaligned
+ * items). `colmajor` (outputs too): room for `rows` rows between columns. */
+static ptrdiff_t pick_col(reader *r, size_t isz, size_t rows, int *colmajor)
+{
+    ptrdiff_t s = (ptrdiff_t)isz;
+    *colmajor = 0;
+    switch (take8(r) % 10) {
+    case 0: case 1: case 2: case 3: return s;
+    case 4: return 2 * s;
+    case 5: return -s;
+    case 6: return s + 1;
+    case 7: return -3 * s;
+    case 8: return 3 * s - 1;
+    default:
+        *colmajor = 1;
+        return (ptrdiff_t)(rows > 0 ? rows : 1) * s + (ptrdiff_t)(take8(r) % 3);
+    }
+}
+
+/* A row stride for rows of d items at column stride col. Outputs (and
+ * in-place x) get strides whose rows never share a byte; inputs may also
+ * have zero (broadcast) and overlapping rows. */
+static ptrdiff_t pick_row(reader *r, size_t d, ptrdiff_t col, int colmajor, size_t isz,
+                          int output)
+{
+    ptrdiff_t span = d == 0 ? (ptrdiff_t)isz
+                            : (ptrdiff_t)(d - 1) * (col < 0 ? -col : col) + (ptrdiff_t)isz;
+    unsigned s = take8(r) % 8;
+    if (colmajor && s < 5) /* interleaved: the rows side by side */
+        return (s & 1) ? -(ptrdiff_t)isz : (ptrdiff_t)isz;
+    switch (s) {
     case 0: case 1: return span;
     case 2: return span + (ptrdiff_t)(take8(r) % 9);
     case 3: return -span;
-    case 4: return allow_zero ? 0 : span + 1;
-    default: return -(span + (ptrdiff_t)(take8(r) % 5) * (ptrdiff_t)isz);
+    case 4: return -(span + (ptrdiff_t)(take8(r) % 5) * (ptrdiff_t)isz);
+    case 5: return output ? span + 1 : 0;
+    case 6: return output ? -span - 3 : (ptrdiff_t)((take8(r) % 3 + 1) * isz);
+    default: return output ? 2 * span : -(ptrdiff_t)isz - 1;
+    }
+}
+
+/* A layout whose extent is over 16 MiB becomes a packed one. */
+static void fit_layout(size_t rows, size_t d, ptrdiff_t *row, ptrdiff_t *col, size_t isz)
+{
+    ptrdiff_t lo, hi;
+    extent(rows, d, *row, *col, isz, &lo, &hi);
+    if (hi - lo > (ptrdiff_t)16 << 20) {
+        *col = (ptrdiff_t)isz;
+        *row = (ptrdiff_t)(d * isz);
+    }
+}
+
+static ptrdiff_t pick_scalar_row(reader *r, size_t isz, int output)
+{
+    switch (take8(r) % 6) {
+    case 0: case 1: return (ptrdiff_t)isz;
+    case 2: return -(ptrdiff_t)isz;
+    case 3: return (ptrdiff_t)isz + 3; /* misaligned */
+    case 4: return output ? -2 * (ptrdiff_t)isz - 1 : 0;
+    default: return 2 * (ptrdiff_t)isz;
     }
 }
 
 static void fuzz_batch(reader *r)
 {
     unsigned flags = take8(r);
-    ln_dtype t = (ln_dtype)(flags % 3);
+    ln_dtype t = (ln_dtype)(flags & 3);
     int has_w = flags & 4, has_b = flags & 8, stats = flags & 16;
-    /* Rare (two magic bytes): a batch just above the threading threshold. */
+    /* Rare (two magic bytes): a batch above the threading threshold. */
     int big = (flags & 32) && take8(r) == 0x5A && take8(r) == 0xC3;
-    int mode = (take8(r) >> 0) & 3;
-    size_t isz = t == LN_F16 ? 2 : (t == LN_F32 ? 4 : 8);
-    size_t ssz = t == LN_F64 ? 8 : 4;
-    size_t d = take16(r) % 300;
-    size_t rows = take8(r) % 7;
+    int want_in_place = flags & 64;
+    /* Bit 7: another op than LayerNorm (one more byte says which). */
+    ln_op op = LN_OP_LAYER_NORM;
+    if (flags & 128) {
+        static const ln_op others[3] = {LN_OP_RMS_NORM, LN_OP_LAYER_NORM_BACKWARD,
+                                        LN_OP_RMS_NORM_BACKWARD};
+        op = others[take8(r) % 3];
+    }
+    int back = op == LN_OP_LAYER_NORM_BACKWARD || op == LN_OP_RMS_NORM_BACKWARD;
+    if (op != LN_OP_LAYER_NORM)
+        has_b = 0; /* RMSNorm and the backwards take no bias */
+    if (back)
+        want_in_place = 0;
+    /* LayerNorm's backward: the means given (the mean operand, read) or
+     * recomputed; the forwards write mean/var when asked. */
+    int given_mean = op == LN_OP_LAYER_NORM_BACKWARD && stats;
+    if (op == LN_OP_RMS_NORM_BACKWARD)
+        stats = 0;
+    if (big) /* a float32 or float64 job: 2 MiB are 512 or 256 K values */
+        t = t == LN_F64 || t == LN_BF16 ? LN_F64 : LN_F32;
+    ln_dtype xt = pick_narrower(r, t, 1);
+    ln_dtype wt = pick_narrower(r, t, 0), bt = pick_narrower(r, t, 0);
+    ln_dtype st_t = (take8(r) & 1) || t == LN_F64 ? LN_F64 : LN_F32;
+    int in_place = want_in_place && xt == t;
+    size_t isz = ln_dtype_size(t), xsz = ln_dtype_size(xt);
+    size_t ssz = ln_dtype_size(st_t);
+    size_t d = pick_d(r, 0);
+    size_t rows = take8(r) % 9;
     int n_threads = 1 + (int)(take8(r) % 4);
+    int cm_x, cm_w, cm_b, cm_y;
 
-    ptrdiff_t x_col = pick_col(r, isz), w_col = pick_col(r, isz);
-    ptrdiff_t b_col = pick_col(r, isz), y_col = pick_col(r, isz);
-    ptrdiff_t x_row = pick_row(r, d, x_col, isz, 1);
-    ptrdiff_t w_row = (take8(r) & 1) ? 0 : pick_row(r, d, w_col, isz, 1);
-    ptrdiff_t b_row = (take8(r) & 1) ? 0 : pick_row(r, d, b_col, isz, 1);
-    ptrdiff_t y_row = pick_row(r, d, y_col, isz, 0);
-    ptrdiff_t eps_row = (take8(r) & 1) ? 8 : 0;
-    ptrdiff_t m_row = (ptrdiff_t)ssz * ((take8(r) & 1) ? 1 : -2);
     if (big) {
-        /* Enough work for the batch to start threads: many rows that all
-         * read the same input row (x_row = 0), written to a packed y. */
-        d = 512 + d;
-        rows = ln_thread_threshold() / (d * isz) + 1 + take8(r) % 5;
-        x_row = 0;
-        x_col = (ptrdiff_t)isz;
-        y_col = (ptrdiff_t)isz;
-        y_row = (ptrdiff_t)(d * isz);
-        eps_row = 0;
+        /* 2 or 4 MiB of work: 2 or up to 4 threads (one per MiB, ln_batch.c). */
+        d = 256 + d % 768;
+        rows = (take8(r) % 4 == 0 ? 2 : 1) * ln_thread_threshold() / (d * isz) + 1 +
+               take8(r) % 5;
+    }
+    ptrdiff_t x_col = pick_col(r, xsz, rows, &cm_x);
+    ptrdiff_t w_col = pick_col(r, ln_dtype_size(wt), rows, &cm_w);
+    ptrdiff_t b_col = pick_col(r, ln_dtype_size(bt), rows, &cm_b);
+    ptrdiff_t y_col = pick_col(r, isz, rows, &cm_y);
+    ptrdiff_t x_row = pick_row(r, d, x_col, cm_x, xsz, in_place);
+    ptrdiff_t w_row = (take8(r) & 1) ? 0 : pick_row(r, d, w_col, cm_w, ln_dtype_size(wt), 0);
+    ptrdiff_t b_row = (take8(r) & 1) ? 0 : pick_row(r, d, b_col, cm_b, ln_dtype_size(bt), 0);
+    ptrdiff_t y_row = pick_row(r, d, y_col, cm_y, isz, 1);
+    ptrdiff_t eps_row = pick_scalar_row(r, 8, 0);
+    ptrdiff_t m_row = pick_scalar_row(r, ssz, 1), v_row = pick_scalar_row(r, ssz, 1);
+    if (big) {
+        /* Input rows overlapping (x_row a few items, x stays small) or
+         * packed; outputs packed (rows used in place) or strided (staged). */
+        if (!in_place && (take8(r) & 1)) {
+            x_col = (ptrdiff_t)xsz;
+            x_row = (ptrdiff_t)((1 + take8(r) % 3) * xsz);
+        }
+        if (!cm_y && (take8(r) & 1)) {
+            y_col = (ptrdiff_t)isz;
+            y_row = (ptrdiff_t)(d * isz);
+        }
+    }
+    /* Big batches: no operand of more than 16 MiB (column-major layouts
+     * of thousands of rows, spread by a wide column stride, can span GBs). */
+    fit_layout(rows, d, &x_row, &x_col, xsz);
+    fit_layout(rows, d, &w_row, &w_col, ln_dtype_size(wt));
+    fit_layout(rows, d, &b_row, &b_col, ln_dtype_size(bt));
+    fit_layout(rows, d, &y_row, &y_col, isz);
+    if (in_place) {
+        y_col = x_col;
+        y_row = x_row;
     }
     size_t off[8];
     for (int i = 0; i < 8; i++)
         off[i] = take8(r) % 64;
+    valgen gx = pick_valgen(r), gp = pick_valgen(r);
 
-    /* Inputs, filled once, from the fuzzer's bytes. */
-    operand x = operand_new(rows, d, x_row, x_col, isz, off[0]);
-    operand w = operand_new(has_w ? rows : 0, d, w_row, w_col, isz, off[1]);
-    operand b = operand_new(has_b ? rows : 0, d, b_row, b_col, isz, off[2]);
-    operand e = operand_new(rows, 1, eps_row, 8, 8, off[3] & ~(size_t)7);
-    fill(r, mode, isz, x.buf.p, x.bytes / isz);
-    fill(r, mode == V_RAW ? V_SMALL : mode, isz, w.buf.p, w.bytes / isz);
-    fill(r, mode == V_RAW ? V_SMALL : mode, isz, b.buf.p, b.bytes / isz);
-    for (size_t i = 0; i + 8 <= e.bytes; i += 8) {
+    /* Inputs, filled once from the fuzzer's bytes (gaps included). */
+    operand x = operand_new(rows, d, x_row, x_col, xt, off[0]);
+    operand w = operand_new(has_w ? rows : 0, d, w_row, w_col, wt, off[1]);
+    operand b = operand_new(has_b ? rows : 0, d, b_row, b_col, bt, off[2]);
+    operand e = operand_new(rows, 1, eps_row, 8, LN_F64, off[3]);
+    fill(r, &gx, xt, x.buf.p, x.buf.bytes / xsz);
+    fill(r, &gp, wt, w.buf.p, w.buf.bytes / ln_dtype_size(wt));
+    fill(r, &gp, bt, b.buf.p, b.buf.bytes / ln_dtype_size(bt));
+    for (size_t i = 0; i + 8 <= e.buf.bytes; i += 8) {
         double v = pick_eps(r);
         memcpy(e.buf.p + i, &v, 8);
     }
-    char *x_copy = malloc(x.bytes + 1), *w_copy = malloc(w.bytes + 1);
-    char *b_copy = malloc(b.bytes + 1);
-    if (!x_copy || !w_copy || !b_copy)
-        abort();
-    memcpy(x_copy, x.buf.p, x.bytes);
-    memcpy(w_copy, w.buf.p, w.bytes);
-    memcpy(b_copy, b.buf.p, b.bytes);
-
-    const ln_kernels *ks[3];
-    const char *names[3];
-    int n_isa = isa_list(ks, names);
-    char *y0 = NULL, *m0 = NULL, *v0 = NULL;
-    int rc0 = 0;
-    size_t y_bytes = 0, s_bytes = 0;
-
-    for (int k = 0; k < n_isa; k++) {
-        operand y = operand_new(rows, d, y_row, y_col, isz, off[4]);
-        operand mean = operand_new(stats ? rows : 0, 1, m_row, (ptrdiff_t)ssz,
-                                   ssz, off[5] & ~(ssz - 1));
-        operand var = operand_new(stats ? rows : 0, 1, m_row, (ptrdiff_t)ssz,
-                                  ssz, off[6] & ~(ssz - 1));
-        /* Output gaps keep a known pattern: a kernel that writes where it
-         * should not shows up as a difference (or an ASan report). */
-        memset(y.buf.p, 0xA5, y.bytes);
-        memset(mean.buf.p, 0xA5, mean.bytes);
-        memset(var.buf.p, 0xA5, var.bytes);
-
-        ln_batch job;
-        memset(&job, 0, sizeof job);
-        job.dtype = t;
-        job.n_rows = rows;
-        job.d = d;
-        job.x = x.origin; job.x_row = x_row; job.x_col = x_col;
-        if (has_w) { job.w = w.origin; job.w_row = w_row; job.w_col = w_col; }
-        if (has_b) { job.b = b.origin; job.b_row = b_row; job.b_col = b_col; }
-        job.eps = e.origin; job.eps_row = eps_row;
-        job.y = y.origin; job.y_row = y_row; job.y_col = y_col;
-        if (stats) {
-            job.mean = mean.origin; job.mean_row = m_row;
-            job.var = var.origin; job.var_row = m_row;
-        }
-        g_job = &job;
-        /* Scalar runs on one thread: the reference for every ISA and
-         * thread count. */
-        int rc = ln_batch_run(ks[k], &job, k == 0 ? 1 : n_threads);
-        if (rc == LN_ENOMEM) {
-            fprintf(stderr, "fuzz_kernels: LN_ENOMEM on a small batch\n");
-            abort();
-        }
-        unchanged("batch x", x.buf.p, x_copy, x.bytes);
-        unchanged("batch weight", w.buf.p, w_copy, w.bytes);
-        unchanged("batch bias", b.buf.p, b_copy, b.bytes);
-        if (k == 0) {
-            y_bytes = y.bytes;
-            s_bytes = mean.bytes;
-            y0 = malloc(y_bytes + 1);
-            m0 = malloc(s_bytes + 1);
-            v0 = malloc(s_bytes + 1);
-            if (!y0 || !m0 || !v0)
-                abort();
-            memcpy(y0, y.buf.p, y_bytes);
-            memcpy(m0, mean.buf.p, s_bytes);
-            memcpy(v0, var.buf.p, s_bytes);
-            rc0 = rc;
-        } else {
-            ptrdiff_t y_at = y.origin - y.buf.p;
-            same_items(t == LN_F16 ? "batch y (f16)" : t == LN_F32 ? "batch y (f32)"
-                                                                 : "batch y (f64)",
-                       names[k], y0, y.buf.p, y_bytes, y_at, rows, d, y_row, y_col,
-                       isz);
-            if (stats) {
-                same_items("batch mean", names[k], m0, mean.buf.p, s_bytes,
-                           mean.origin - mean.buf.p, rows, 1, m_row, 0, ssz);
-                same_items("batch var", names[k], v0, var.buf.p, s_bytes,
-                           var.origin - var.buf.p, rows, 1, m_row, 0, ssz);
-            }
-            if (rc != rc0) {
-                fprintf(stderr, "fuzz_kernels: batch rc %d (scalar) vs %d (%s)\n",
-                        rc0, rc, names[k]);
-                abort();
-            }
-        }
-        buf_free(&y.buf);
-        buf_free(&mean.buf);
-        buf_free(&var.buf);
+    /* The backward's dy: laid out like x, its own buffer and values. */
+    operand dy = operand_new(back ? rows : 0, d, x_row, x_col, xt, off[7]);
+    valgen gdy = pick_valgen(r);
+    fill(r, &gdy, xt, dy.buf.p, dy.buf.bytes / xsz);
+    operand y0 = in_place ? x : operand_new(rows, d, y_row, y_col, t, off[4]);
+    operand m0 = operand_new(stats ? rows : 0, 1, m_row, 0, st_t, off[5]);
+    operand mean_in = m0; /* given means: values, not a pattern */
+    if (given_mean) {
+        mean_in = operand_new(rows, 1, m_row, 0, st_t, off[5]);
+        fill(r, &gx, st_t, mean_in.buf.p, mean_in.buf.bytes / ssz);
     }
-    free(y0);
-    free(m0);
-    free(v0);
-    free(x_copy);
-    free(w_copy);
-    free(b_copy);
+    operand v0 = operand_new(stats ? rows : 0, 1, v_row, 0, st_t, off[6]);
+    double *eps = xmalloc(rows * sizeof *eps);
+    for (size_t k = 0; k < rows; k++)
+        memcpy(&eps[k], item(&e, k, 0), 8);
+
+    snprintf(g_case, sizeof g_case,
+             "batch job: %s%s, %s, %zu records of d=%zu, threads=%d; x %s col %td row %td%s; "
+             "weight %s col %td row %td; bias %s col %td row %td; eps row %td; y col %td "
+             "row %td; mean/var %s rows %td/%td; offsets %zu %zu %zu %zu %zu %zu %zu",
+             op_names[op], given_mean ? " (means given)" : "", dtype_names[t], rows, d,
+             n_threads, dtype_names[xt], x_col, x_row,
+             in_place ? " (y = x)" : "", has_w ? dtype_names[wt] : "none", w_col, w_row,
+             has_b ? dtype_names[bt] : "none", b_col, b_row, eps_row, y_col, y_row,
+             stats ? dtype_names[st_t] : "none", m_row, v_row, off[0], off[1], off[2], off[3],
+             off[4], off[5], off[6]);
+    g_in = (inputs){&x, has_w ? &w : NULL, has_b ? &b : NULL, eps};
+
+    const ln_kernels *ks[LN_NISAS];
+    const char *names[LN_NISAS];
+    int n_levels = level_list(ks, names);
+    char *y_ref = NULL, *m_ref = NULL, *v_ref = NULL;
+    uint64_t *acc_ref[2] = {NULL, NULL};
+    size_t acc_words = d * LN_ACC_STATE_WORDS;
+    int rc_ref = 0, n_runs = 0;
+    /* Run 0: scalar on one thread, the reference; then every level
+     * (scalar again if threads > 1) on n_threads. */
+    for (int run = 0; run <= n_levels; run++) {
+        int k = run == 0 ? 0 : run - 1;
+        int threads = run == 0 ? 1 : n_threads;
+        if (run == 1 && threads == 1)
+            continue; /* scalar on one thread again */
+        /* Outputs pre-filled, by turns with two patterns: a stray write
+         * shows as a changed gap, an item left unwritten as a difference. */
+        int fill_byte = n_runs++ % 2 ? 0x5A : 0xA5;
+        if (!in_place)
+            memset(y0.buf.p, fill_byte, y0.buf.bytes);
+        memset(m0.buf.p, fill_byte, m0.buf.bytes);
+        memset(v0.buf.p, fill_byte, v0.buf.bytes);
+        char level[48];
+        snprintf(level, sizeof level, "%s on %d thread%s", names[k], threads,
+                 threads > 1 ? "s" : "");
+        operand xk = operand_clone(&x), wk = operand_clone(&w), bk = operand_clone(&b);
+        operand ek = operand_clone(&e);
+        operand yk = in_place ? xk : operand_clone(&y0);
+        operand mk = operand_clone(&m0), vk = operand_clone(&v0);
+        operand dyk = operand_clone(&dy), mik = operand_clone(&mean_in);
+        ln_job job = {
+            .op = op, .dtype = t, .n_rows = rows, .d = d,
+            .x = as_ln(&xk, 1), .w = as_ln(&wk, has_w), .b = as_ln(&bk, has_b),
+            .eps = as_ln(&ek, 1), .y = as_ln(&yk, 1),
+            .mean = as_ln(&mk, stats && !back), .var = as_ln(&vk, stats && !back),
+        };
+        ln_acc acc[2];
+        if (back) {
+            job.dy = as_ln(&dyk, 1);
+            job.mean = as_ln(&mik, given_mean);
+            for (int a = 0; a < 2; a++)
+                if (ln_acc_init(&acc[a], d) != 0)
+                    abort();
+            job.dw = &acc[0];
+            job.db = op == LN_OP_LAYER_NORM_BACKWARD ? &acc[1] : NULL;
+        }
+        int rc = ln_batch_run(ks[k], &job, threads);
+        if (rc == LN_ENOMEM)
+            fail("%s: LN_ENOMEM on a small batch (%s)", "batch job", level);
+        if (!in_place)
+            unchanged("x", level, &xk.buf, &x.buf);
+        unchanged("weight", level, &wk.buf, &w.buf);
+        unchanged("bias", level, &bk.buf, &b.buf);
+        unchanged("eps", level, &ek.buf, &e.buf);
+        unchanged("dy", level, &dyk.buf, &dy.buf);
+        if (given_mean)
+            unchanged("mean (given)", level, &mik.buf, &mean_in.buf);
+        untouched_outside("y", level, &yk, &y0);
+        if (!back) {
+            untouched_outside("mean", level, &mk, &m0);
+            untouched_outside("var", level, &vk, &v0);
+        }
+        /* the backward's sums: their exact state, word for word */
+        uint64_t *state[2] = {NULL, NULL};
+        for (int a = 0; back && a < 2; a++) {
+            state[a] = xmalloc(acc_words * sizeof(uint64_t) + 8);
+            ln_acc_export(&acc[a], state[a]);
+            ln_acc_free(&acc[a]);
+        }
+        if (run == 0) {
+            const operand *ins[5] = {&x, has_w ? &w : NULL, has_b ? &b : NULL,
+                                     back ? &dy : NULL, given_mean ? &mean_in : NULL};
+            canonical_nans_only(level, &yk, ins, 5, eps);
+            y_ref = gather(&yk);
+            m_ref = gather(&mk);
+            v_ref = gather(&vk);
+            rc_ref = rc;
+            acc_ref[0] = state[0];
+            acc_ref[1] = state[1];
+        } else {
+            for (int a = 0; back && a < 2; a++)
+                for (size_t j = 0; j < acc_words; j++)
+                    if (state[a][j] != acc_ref[a][j])
+                        fail_at(a ? "dbias (exact sums' state)" : "dweight (exact sums' state)",
+                                level, j / LN_ACC_STATE_WORDS, j % LN_ACC_STATE_WORDS,
+                                &acc_ref[a][j], &state[a][j], LN_F64);
+            free(state[0]);
+            free(state[1]);
+            same_items("y", level, &yk, y_ref);
+            /* d == 0: ln_batch_run returns at once and writes no
+             * statistics (what they should be is not specified). */
+            if (d > 0 && !back) {
+                same_items("mean", level, &mk, m_ref);
+                same_items("var", level, &vk, v_ref);
+            }
+            if (rc != rc_ref) {
+                char a[32], bb[96];
+                snprintf(a, sizeof a, "%d", rc_ref);
+                snprintf(bb, sizeof bb, "%d (%s)", rc, level);
+                fail("return code %s (scalar) vs %s", a, bb);
+            }
+        }
+        buf_free(&xk.buf);
+        if (!in_place)
+            buf_free(&yk.buf);
+        buf_free(&wk.buf);
+        buf_free(&bk.buf);
+        buf_free(&ek.buf);
+        buf_free(&mk.buf);
+        buf_free(&vk.buf);
+        buf_free(&dyk.buf);
+        buf_free(&mik.buf);
+    }
+    free(acc_ref[0]);
+    free(acc_ref[1]);
+    buf_free(&dy.buf);
+    if (given_mean)
+        buf_free(&mean_in.buf);
+    free(y_ref);
+    free(m_ref);
+    free(v_ref);
+    free(eps);
     buf_free(&x.buf);
     buf_free(&w.buf);
     buf_free(&b.buf);
     buf_free(&e.buf);
-}
-
-/* ---- job 3: half conversions ------------------------------------------ */
-
-static void fuzz_half(reader *r)
-{
-    size_t n = take8(r) % 80;
-    size_t off = (take8(r) % 32);
-    const ln_kernels *ks[3];
-    const char *names[3];
-    int n_isa = isa_list(ks, names);
-
-    uint16_t *hv = malloc(2 * n + 2);
-    uint32_t *fv = malloc(4 * n + 4);
-    float *ref_f = malloc(4 * n + 4);
-    uint16_t *ref_h = malloc(2 * n + 2);
-    if (!hv || !fv || !ref_f || !ref_h)
-        abort();
-    for (size_t i = 0; i < n; i++) {
-        hv[i] = (uint16_t)take16(r);
-        fv[i] = (uint32_t)take16(r) | ((uint32_t)take16(r) << 16);
-        ref_f[i] = ln_half_to_float(hv[i]);
-        float f;
-        memcpy(&f, &fv[i], 4);
-        ref_h[i] = ln_float_to_half(f);
-    }
-    for (int k = 0; k < n_isa; k++) {
-        buffer src16 = buf_new(2 * n, 2 * (off % 32)), dst32 = buf_new(4 * n, 4 * (off % 16));
-        buffer src32 = buf_new(4 * n, 4 * (off % 16)), dst16 = buf_new(2 * n, 2 * (off % 32));
-        memcpy(src16.p, hv, 2 * n);
-        memcpy(src32.p, fv, 4 * n);
-        ks[k]->half_to_float((const uint16_t *)src16.p, (float *)dst32.p, n);
-        ks[k]->float_to_half((const float *)src32.p, (uint16_t *)dst16.p, n);
-        same_bits("half_to_float (vs ln_half_to_float)", names[k], ref_f, dst32.p,
-                  4 * n, 4);
-        same_bits("float_to_half (vs ln_float_to_half)", names[k], ref_h, dst16.p,
-                  2 * n, 2);
-        unchanged("half src", src16.p, hv, 2 * n);
-        unchanged("float src", src32.p, fv, 4 * n);
-        buf_free(&src16);
-        buf_free(&dst32);
-        buf_free(&src32);
-        buf_free(&dst16);
-    }
-    free(hv);
-    free(fv);
-    free(ref_f);
-    free(ref_h);
+    if (!in_place)
+        buf_free(&y0.buf);
+    buf_free(&m0.buf);
+    buf_free(&v0.buf);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    reader r = {data, size};
-    switch (take8(&r) % 5) {
-    case 0:
-    case 1:
-        fuzz_row(&r);
-        break;
-    case 2:
-    case 3:
-        fuzz_batch(&r);
-        break;
-    default:
-        fuzz_half(&r);
-        break;
+    static int verbose = -1;
+    if (verbose < 0) {
+        const char *v = getenv("FUZZ_KERNELS_VERBOSE");
+        verbose = v != NULL && *v != '\0' && *v != '0';
     }
+    reader r = reader_new(data, size);
+    if (take8(&r) % 2 == 0)
+        fuzz_row(&r);
+    else
+        fuzz_batch(&r);
+    if (verbose) /* FUZZ_KERNELS_VERBOSE=1: say what each input was */
+        fprintf(stderr, "fuzz_kernels: ok: %s\n", g_case);
     return 0;
 }
