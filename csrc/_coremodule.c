@@ -783,6 +783,139 @@ static PyObject *acc_value(PyObject *self, PyObject *const *args, Py_ssize_t nar
     return out;
 }
 
+/* An accumulator's sums rounded once, as a new (d,) array of the
+ * parameter gradients' dtype: float32 for records computed in float, else
+ * float64. */
+static PyObject *acc_values(ln_acc *acc, size_t d, ln_dtype ct)
+{
+    npy_intp n = (npy_intp)d;
+    int single = ct == LN_F32;
+    PyObject *out = PyArray_SimpleNew(1, &n, single ? NPY_FLOAT : NPY_DOUBLE);
+    if (out == NULL)
+        return NULL;
+    if (!single) {
+        ln_acc_value(acc, (double *)PyArray_DATA((PyArrayObject *)out), 53);
+        return out;
+    }
+    double *v = PyMem_Malloc((d ? d : 1) * sizeof *v);
+    if (v == NULL) {
+        Py_DECREF(out);
+        return PyErr_NoMemory();
+    }
+    ln_acc_value(acc, v, 24); /* 24 bits: exact as a float */
+    float *f = (float *)PyArray_DATA((PyArrayObject *)out);
+    for (size_t j = 0; j < d; j++)
+        f[j] = (float)v[j];
+    PyMem_Free(v);
+    return out;
+}
+
+/* The per-record statistic the fast backward may be given (the forward's
+ * mean, or RMSNorm's ms, checked and not needed): None, or an exact,
+ * aligned, native, C-contiguous float array shaped like x without its last
+ * axis. -1: not for the fast path. */
+static int fast_stat(PyObject *o, PyArrayObject *x, ln_operand *op)
+{
+    ln_dtype t;
+    memset(op, 0, sizeof *op);
+    if (o == Py_None)
+        return 0;
+    if (fast_dtype(o, &t) < 0)
+        return -1;
+    PyArrayObject *a = (PyArrayObject *)o;
+    int nd = PyArray_NDIM(x);
+    if (PyArray_NDIM(a) != nd - 1 ||
+        !PyArray_CompareLists(PyArray_DIMS(a), PyArray_DIMS(x), nd - 1) ||
+        !PyArray_IS_C_CONTIGUOUS(a))
+        return -1;
+    *op = (ln_operand){.ptr = PyArray_BYTES(a), .row = PyArray_ITEMSIZE(a), .dtype = t};
+    return 0;
+}
+
+/*
+ * _fast_backward(dy, x, weight, eps, stat, rms) -> (dx, dweight, dbias), or
+ * (dx, dweight) with rms true: layer_norm_backward (rms_norm_backward,
+ * "weight" convention) over the last axis for the common case: dy and x
+ * exact, aligned, native, C-contiguous float arrays of one shape; weight as
+ * for _fast; a valid float eps; stat as fast_stat takes it. The sums come
+ * back rounded, with no state arrays in between. NotImplemented for
+ * anything else: the wrapper's general path validates and explains.
+ */
+static PyObject *fast_backward(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    ln_dtype xt, dyt;
+    if (nargs != 6 || fast_dtype(args[0], &dyt) < 0 || fast_dtype(args[1], &xt) < 0 ||
+        !PyBool_Check(args[5]))
+        Py_RETURN_NOTIMPLEMENTED;
+    int rms = args[5] == Py_True;
+    PyArrayObject *dy = (PyArrayObject *)args[0], *x = (PyArrayObject *)args[1];
+    int nd = PyArray_NDIM(x);
+    if (nd < 1 || PyArray_NDIM(dy) != nd ||
+        !PyArray_CompareLists(PyArray_DIMS(dy), PyArray_DIMS(x), nd) ||
+        !PyArray_IS_C_CONTIGUOUS(x) || !PyArray_IS_C_CONTIGUOUS(dy))
+        Py_RETURN_NOTIMPLEMENTED;
+    npy_intp d = PyArray_DIM(x, nd - 1);
+    if (d < 1 || !PyFloat_Check(args[3]))
+        Py_RETURN_NOTIMPLEMENTED;
+    double eps = PyFloat_AS_DOUBLE(args[3]);
+    if (!(eps >= 0.0 && eps <= DBL_MAX))
+        Py_RETURN_NOTIMPLEMENTED;
+
+    ln_job job;
+    memset(&job, 0, sizeof job);
+    job.op = rms ? LN_OP_RMS_NORM_BACKWARD : LN_OP_LAYER_NORM_BACKWARD;
+    job.dtype = wider(xt, dyt);
+    if (fast_param(args[2], d, &job.w, &job.dtype) < 0 || fast_stat(args[4], x, &job.mean) < 0)
+        Py_RETURN_NOTIMPLEMENTED;
+    if (rms)
+        memset(&job.mean, 0, sizeof job.mean); /* RMSNorm's ms is not needed */
+    job.d = (size_t)d;
+    job.n_rows = (size_t)(PyArray_SIZE(x) / d);
+    npy_intp x_isz = PyArray_ITEMSIZE(x), dy_isz = PyArray_ITEMSIZE(dy);
+    npy_intp isz = (npy_intp)ln_dtype_size(job.dtype);
+    job.x = (ln_operand){.ptr = PyArray_BYTES(x), .row = d * x_isz, .col = x_isz, .dtype = xt};
+    job.dy = (ln_operand){.ptr = PyArray_BYTES(dy), .row = d * dy_isz, .col = dy_isz,
+                          .dtype = dyt};
+    job.eps = (ln_operand){.ptr = (char *)&eps, .dtype = LN_F64};
+
+    PyObject *dx = PyArray_SimpleNew(nd, PyArray_DIMS(x), npy_type_of(job.dtype));
+    if (dx == NULL)
+        return NULL;
+    job.y = (ln_operand){.ptr = PyArray_BYTES((PyArrayObject *)dx), .row = d * isz,
+                         .col = isz, .dtype = job.dtype};
+    ln_acc dw, db;
+    memset(&db, 0, sizeof db); /* RMSNorm has no bias: db stays empty */
+    if (ln_acc_init(&dw, (size_t)d) != 0 || (!rms && ln_acc_init(&db, (size_t)d) != 0)) {
+        ln_acc_free(&dw);
+        Py_DECREF(dx);
+        return PyErr_NoMemory();
+    }
+    job.dw = &dw;
+    job.db = rms ? NULL : &db;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ln_batch_run(g_kernels, &job, g_threads);
+    Py_END_ALLOW_THREADS
+    PyObject *res = NULL;
+    if (rc == LN_ENOMEM) {
+        set_no_scratch(job.op);
+    } else {
+        ln_dtype ct = ln_compute_dtype(job.dtype);
+        PyObject *vw = acc_values(&dw, (size_t)d, ct);
+        PyObject *vb = rms || vw == NULL ? NULL : acc_values(&db, (size_t)d, ct);
+        if (vw && rms)
+            res = Py_BuildValue("(ON)", dx, vw);
+        else if (vw && vb)
+            res = Py_BuildValue("(ONN)", dx, vw, vb);
+        else
+            Py_XDECREF(vw);
+    }
+    ln_acc_free(&dw);
+    ln_acc_free(&db);
+    Py_DECREF(dx);
+    return res;
+}
+
 /* ---- settings ---------------------------------------------------------- */
 
 static PyObject *get_isa(PyObject *self, PyObject *noargs)
@@ -867,6 +1000,9 @@ static PyMethodDef core_methods[] = {
     {"_backward", (PyCFunction)(void (*)(void))backward, METH_FASTCALL,
      "_backward(dy, x, weight, eps, mean, sums[, rms]) -> (dx, dweight_state, dbias_state): "
      "the LayerNorm backward, or RMSNorm's with rms true."},
+    {"_fast_backward", (PyCFunction)(void (*)(void))fast_backward, METH_FASTCALL,
+     "_fast_backward(dy, x, weight, eps, stat, rms): the common case of "
+     "layer_norm_backward (rms_norm_backward with rms true), or NotImplemented."},
     {"_acc_merge", (PyCFunction)(void (*)(void))acc_merge, METH_FASTCALL,
      "_acc_merge(a, b) -> the state of both exact sums together."},
     {"_acc_value", (PyCFunction)(void (*)(void))acc_value, METH_FASTCALL,

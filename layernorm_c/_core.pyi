@@ -34,6 +34,11 @@ def _backward(dy: Any, x: Any, weight: Any, eps: float, mean: Any, sums: bool,
               rms: bool = ..., /) -> Tuple[
     NDArray[Any], Optional[NDArray[np.uint64]], Optional[NDArray[np.uint64]]]: ...
 
+# The common case of both backward functions over the last axis: (dx,
+# dweight, dbias), or (dx, dweight) with rms true, the sums rounded; or
+# NotImplemented for anything the general path must handle.
+def _fast_backward(dy: Any, x: Any, weight: Any, eps: Any, stat: Any, rms: bool, /) -> Any: ...
+
 # RMSNorm: the public gufuncs, (n),(n),()->(n): x, scale, eps -> y and
 # (n),(n),(n),()->(n): dy, x, scale, eps -> dx; private ones returning the
 # per-record mean square.

@@ -276,6 +276,11 @@ def rms_norm_backward(
     >>> g.dweight
     array([0.84852814, 1.13137085])
     """
+    if type(axis) is int and axis == -1 and type(convention) is str and convention == "weight":
+        # The common case in C (see layer_norm_backward).
+        res = _core._fast_backward(dy, x, weight, eps, ms, True)
+        if res is not NotImplemented:
+            return RMSNormGrads(*res)
     dx, sw, _ = _rms_backward_parts(dy, x, weight, eps, axis, ms, convention)
     assert sw is not None
     return RMSNormGrads(dx, sw.value(_grad_dtype(dx.dtype)))
