@@ -1038,6 +1038,18 @@ PyMODINIT_FUNC PyInit__core(void)
 
     g_isa = ln_isa_best();
     g_kernels = ln_kernels_for(g_isa);
+    for (int i = 0; i < LN_NISAS; i++) {
+        int op, dtype;
+        const ln_kernels *k = ln_kernels_for((ln_isa)i);
+        if (ln_kernels_missing(k, &op, &dtype)) {
+            PyErr_Format(PyExc_ImportError,
+                         "layernorm_c: the %s kernel table lacks the kernel of op %d, dtype "
+                         "%d (or its store_fence when -1): an entry missing in "
+                         "csrc/ln_level.h",
+                         k->name ? k->name : "?", op, dtype);
+            return NULL;
+        }
+    }
 
     PyObject *m = PyModule_Create(&core_module);
     if (m == NULL)
