@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import importlib
 import importlib.abc
-import importlib.machinery
 import sys
 from types import ModuleType
 from typing import Any, Optional, Sequence
@@ -89,8 +88,13 @@ class _RegisterOnImport(importlib.abc.MetaPathFinder):
         if fullname != "threadpoolctl":
             return None
         _remove_hook()
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-        if spec is None or spec.loader is None:
+        spec = None
+        for finder in list(sys.meta_path):  # the finders that would have found it
+            find = getattr(finder, "find_spec", None)
+            spec = find(fullname, path, target) if find is not None else None
+            if spec is not None:
+                break
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
         loader = spec.loader
         exec_module = loader.exec_module
