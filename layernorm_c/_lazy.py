@@ -137,14 +137,12 @@ def _pick(block: Any, i: int) -> Any:
     return block[i]
 
 
-def _states(block: Tuple[Any, ...]) -> Tuple[Any, Any]:
-    return block[1], block[2]
-
-
-def _merge(*parts: Tuple[Any, Any]) -> Tuple[Any, Any]:
-    """The exact sums of several blocks' states together."""
-    sw, sb = parts[0]
-    for w, b in parts[1:]:
+def _merge(parts: List[Tuple[Any, ...]]) -> Tuple[Any, Any]:
+    """The exact sums of several blocks' (dx, dweight, dbias) or merged
+    (dweight, dbias) states together."""
+    sw, sb = parts[0][-2:]
+    for p in parts[1:]:
+        w, b = p[-2:]
         sw = _core._acc_merge(sw, w)
         sb = None if sb is None else _core._acc_merge(sb, b)
     return sw, sb
@@ -316,19 +314,44 @@ def dask_backward(op: str, dy: Any, x: Any, weight: Any, eps: Any, axis: Any,
     dx = _output(tmp, 0, plan, dtype, False)
 
     # The sums: each block's exact states, merged in a tree, rounded once.
-    parts = [dask.delayed(_states, pure=True)(p) for p in
-             tmp.to_delayed(optimize_graph=False).ravel()]
-    while len(parts) > 1:
-        parts = [dask.delayed(_merge, pure=True)(*parts[k:k + _SPLIT_EVERY])
-                 for k in range(0, len(parts), _SPLIT_EVERY)]
-    root = parts[0]
-    grads = [da.from_delayed(dask.delayed(_rounded, pure=True)(root, 0, plan.norm_shape, gdt),
-                             shape=plan.norm_shape, dtype=gdt)]
-    if op == "layer_norm":
-        grads.append(da.from_delayed(
-            dask.delayed(_rounded, pure=True)(root, 1, plan.norm_shape, gdt),
-            shape=plan.norm_shape, dtype=gdt))
+    grads = _sums_tree(tmp, plan.norm_shape, gdt, 2 if op == "layer_norm" else 1)
     return (dx,) + tuple(grads)
+
+
+def _sums_tree(tmp: Any, shape: Tuple[int, ...], dtype: np.dtype, n: int) -> List[Any]:
+    """dweight (and dbias, n = 2) from the blocks' states: a tree of merge
+    tasks, _SPLIT_EVERY states each, then one rounding task per sum. The
+    graph is written directly (a delayed call per task would cost a
+    millisecond each to build)."""
+    dask, da = _dask(), _da()
+    flatten = importlib.import_module("dask.core").flatten
+    HighLevelGraph = importlib.import_module("dask.highlevelgraph").HighLevelGraph
+
+    token = dask.base.tokenize(tmp.name, shape, dtype, n)
+    merge = f"layernorm_c-merge-{token}"
+    layer: Dict[Any, Any] = {}
+    keys = list(flatten(tmp.__dask_keys__()))
+    level = 0
+    while True:
+        groups = [keys[k:k + _SPLIT_EVERY] for k in range(0, len(keys), _SPLIT_EVERY)]
+        keys = []
+        for i, group in enumerate(groups):
+            key = (merge, level, i)
+            layer[key] = (_merge, list(group))
+            keys.append(key)
+        level += 1
+        if len(keys) == 1:
+            break
+    out = []
+    zeros = (0,) * len(shape)
+    for i, what in enumerate(("dweight", "dbias")[:n]):
+        name = f"layernorm_c-{what}-{token}"
+        tasks = dict(layer)
+        tasks[(name,) + zeros] = (_rounded, keys[0], i, shape, dtype)
+        graph = HighLevelGraph.from_collections(name, tasks, dependencies=[tmp])
+        out.append(da.Array(graph, name, chunks=tuple((k,) for k in shape), dtype=dtype,
+                            meta=np.empty(zeros, dtype)))
+    return out
 
 
 def _backward_block_xfirst(op: str, axes: Tuple[int, ...], threads: int,

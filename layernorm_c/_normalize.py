@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import importlib
 import math
 import os
 import shutil
@@ -29,6 +30,8 @@ import uuid
 from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Sequence, TextIO, Tuple
 
 import numpy as np
+
+from ._rms import Convention
 
 __all__ = ["main"]
 
@@ -101,7 +104,7 @@ def _read_slab(src: Source, start: int, stop: int) -> np.ndarray:
     shape = (stop - start,) + src.shape[1:]
     out = np.empty(shape, src.dtype)
     row = math.prod(src.shape[1:]) * src.dtype.itemsize
-    view = memoryview(out.reshape(-1).view(np.uint8))
+    view = out.reshape(-1).view(np.uint8).data
     with open(src.path, "rb", buffering=0) as f:
         f.seek(src.offset + start * row)
         done = 0
@@ -147,7 +150,7 @@ def _write_slab(dst: Target, start: int, y: np.ndarray) -> None:
         z = _zarr().open_array(dst.path, mode="r+")
         z[start:start + y.shape[0]] = y
         return
-    data = memoryview(np.ascontiguousarray(y).reshape(-1).view(np.uint8))
+    data = np.ascontiguousarray(y).reshape(-1).view(np.uint8).data
     with open(dst.path, "r+b", buffering=0) as f:
         f.seek(dst.offset + start * dst.row)
         done = 0
@@ -168,7 +171,7 @@ class Job(NamedTuple):
     eps: float
     axes: Tuple[int, ...]
     dtype: Optional[np.dtype]
-    convention: str
+    convention: Convention
 
 
 def _normalize(job: Job, x: np.ndarray) -> np.ndarray:
@@ -178,8 +181,7 @@ def _normalize(job: Job, x: np.ndarray) -> np.ndarray:
         x = x.astype(job.dtype, copy=False)
     if job.op == "layer_norm":
         return lnc.layer_norm(x, job.weight, job.bias, job.eps, axis=job.axes)
-    return lnc.rms_norm(x, job.weight, job.eps, axis=job.axes,
-                        convention=job.convention)  # type: ignore[arg-type]
+    return lnc.rms_norm(x, job.weight, job.eps, axis=job.axes, convention=job.convention)
 
 
 def run_chunk(job: Job, start: int, stop: int, threads: int = 0) -> int:
@@ -288,7 +290,8 @@ def _load_param(path: Optional[str], name: str) -> Optional[np.ndarray]:
     if not os.path.exists(path):
         raise CLIError(f"--{name}: no such file: {path}")
     try:
-        return np.load(path, allow_pickle=False)
+        arr: np.ndarray = np.load(path, allow_pickle=False)
+        return arr
     except (ValueError, OSError) as exc:
         raise CLIError(f"--{name}: {path} is not a .npy file ({exc})") from None
 
@@ -368,7 +371,7 @@ def _run_local(job: Job, chunks: Sequence[Tuple[int, int]], progress: Progress) 
 def _run_dask(job: Job, chunks: Sequence[Tuple[int, int]], progress: Progress,
               workers: Optional[int], address: Optional[str]) -> None:
     try:
-        import distributed
+        distributed: Any = importlib.import_module("distributed")
     except ImportError:
         raise CLIError("--workers/--scheduler need dask.distributed: pip install "
                        "'layernorm_c[dask]'") from None

@@ -103,7 +103,7 @@ class _RegisterOnImport(importlib.abc.MetaPathFinder):
             exec_module(module)
             register_threadpoolctl()
 
-        loader.exec_module = exec_and_register  # type: ignore[method-assign]
+        loader.exec_module = exec_and_register
         return spec
 
 
