@@ -389,8 +389,12 @@ def _run_dask(job: Job, chunks: Sequence[Tuple[int, int]], progress: Progress,
         with client:
             futures = [client.submit(run_chunk, job, s, e, threads, pure=False)
                        for s, e in chunks]
-            for fut in distributed.as_completed(futures):
-                progress.update(fut.result())
+            try:
+                for fut in distributed.as_completed(futures):
+                    progress.update(fut.result())
+            except BaseException:
+                client.cancel(futures)  # no task writes after the temporary is removed
+                raise
     finally:
         if cluster is not None:
             cluster.close()
