@@ -225,3 +225,28 @@ def test_thread_limit_is_per_thread():
     assert seen == [0] and _core._set_thread_limit(0) == 1
     with pytest.raises(ValueError, match="thread limit"):
         _core._set_thread_limit(-1)
+
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+
+@settings(max_examples=12)
+@given(st.lists(st.integers(1, 60), min_size=1, max_size=12), st.integers(1, 3),
+       st.sampled_from([np.float16, np.float32, np.float64]))
+def test_any_record_chunking_gives_the_same_gradient_bits(sizes, split, dtype):
+    """Records cut anywhere (the chunk sizes drawn, the rest one chunk) and
+    the positions cut in `split` pieces: dx, dweight and dbias keep the
+    in-memory bits."""
+    x, dy = X.astype(dtype), DY.astype(dtype)
+    rows = []
+    left = x.shape[0]
+    for s in sizes:
+        if left == 0:
+            break
+        rows.append(min(s, left))
+        left -= rows[-1]
+    if left:
+        rows.append(left)
+    cols = [len(a) for a in np.array_split(np.arange(3), split)]
+    xd = da.from_array(x, chunks=(tuple(rows), tuple(cols), 40))
+    _same(dask.compute(*lnc.layer_norm_backward(dy, xd, W)), lnc.layer_norm_backward(dy, x, W))
