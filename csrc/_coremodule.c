@@ -911,7 +911,7 @@ static PyObject *fast_backward(PyObject *self, PyObject *const *args, Py_ssize_t
     job.db = rms ? NULL : &db;
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = ln_batch_run(g_kernels, &job, g_threads);
+    rc = ln_batch_run(g_kernels, &job, call_threads());
     Py_END_ALLOW_THREADS
     PyObject *res = NULL;
     if (rc == LN_ENOMEM) {
