@@ -25,6 +25,23 @@ static const ln_kernels *g_kernels = &ln_kernels_scalar;
 static ln_isa g_isa = LN_ISA_SCALAR;
 static int g_threads = 1;
 
+/* A limit on the threads of the calls made from this thread (0: none).
+ * Dask tasks set it to 1, so each worker thread computes its own chunk
+ * without also waking the pool (see _set_thread_limit). */
+#if defined(_MSC_VER)
+#define LN_THREAD_LOCAL __declspec(thread)
+#else
+#define LN_THREAD_LOCAL _Thread_local
+#endif
+static LN_THREAD_LOCAL int t_thread_limit = 0;
+
+/* The threads of a call: the setting, within this thread's limit. */
+static int call_threads(void)
+{
+    int n = g_threads;
+    return t_thread_limit > 0 && t_thread_limit < n ? t_thread_limit : n;
+}
+
 /* ---- dtypes ------------------------------------------------------------- */
 
 /* bfloat16 has no NumPy type number until a package (ml_dtypes) registers
@@ -229,7 +246,7 @@ static void gufunc_loop(char **args, npy_intp const *dims, npy_intp const *steps
     fenv_t env;
     fill_job(&job, ld->g, ld->dtype, args, dims, steps);
     feholdexcept(&env);
-    int rc = ln_batch_run(g_kernels, &job, g_threads);
+    int rc = ln_batch_run(g_kernels, &job, call_threads());
     fesetenv(&env);
     if (rc == LN_ENOMEM) {
         NPY_ALLOW_C_API_DEF
@@ -535,7 +552,7 @@ static PyObject *fast_norm(ln_op op, PyObject *const *args, int w_in_ctype)
 
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = ln_batch_run(g_kernels, &job, g_threads);
+    rc = ln_batch_run(g_kernels, &job, call_threads());
     Py_END_ALLOW_THREADS
     PyMem_Free(w_copy);
     PyMem_Free(b_copy);
@@ -695,7 +712,7 @@ static PyObject *backward(PyObject *self, PyObject *const *args, Py_ssize_t narg
     }
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = ln_batch_run(g_kernels, &job, g_threads);
+    rc = ln_batch_run(g_kernels, &job, call_threads());
     Py_END_ALLOW_THREADS
     PyObject *res = NULL;
     if (rc == LN_ENOMEM) {
@@ -894,7 +911,7 @@ static PyObject *fast_backward(PyObject *self, PyObject *const *args, Py_ssize_t
     job.db = rms ? NULL : &db;
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = ln_batch_run(g_kernels, &job, g_threads);
+    rc = ln_batch_run(g_kernels, &job, call_threads());
     Py_END_ALLOW_THREADS
     PyObject *res = NULL;
     if (rc == LN_ENOMEM) {
@@ -985,6 +1002,44 @@ static PyObject *set_num_threads(PyObject *self, PyObject *arg)
     Py_RETURN_NONE;
 }
 
+/* _set_thread_limit(n) -> the previous limit: at most n threads for the
+ * calls made from the calling thread (0: no limit). */
+static PyObject *set_thread_limit(PyObject *self, PyObject *arg)
+{
+    long n = PyLong_AsLong(arg);
+    if (n == -1 && PyErr_Occurred())
+        return NULL;
+    if (n < 0 || n > LN_MAX_THREADS) {
+        PyErr_Format(PyExc_ValueError, "n: expected a thread limit from 0 to %d, got %ld",
+                     LN_MAX_THREADS, n);
+        return NULL;
+    }
+    int previous = t_thread_limit;
+    t_thread_limit = (int)n;
+    return PyLong_FromLong(previous);
+}
+
+/* The thread setting as plain C functions, exported for threadpoolctl's
+ * controller (layernorm_c/_threadpool.py), which calls them through
+ * ctypes, as it does OpenBLAS's. set clamps n to 1..LN_MAX_THREADS. */
+#if defined(_WIN32)
+#define LN_EXPORT __declspec(dllexport)
+#else
+#define LN_EXPORT __attribute__((visibility("default")))
+#endif
+LN_EXPORT int layernorm_c_get_num_threads(void);
+LN_EXPORT void layernorm_c_set_num_threads(int n);
+
+LN_EXPORT int layernorm_c_get_num_threads(void)
+{
+    return g_threads;
+}
+
+LN_EXPORT void layernorm_c_set_num_threads(int n)
+{
+    g_threads = n < 1 ? 1 : n > LN_MAX_THREADS ? LN_MAX_THREADS : n;
+}
+
 static PyObject *thread_threshold(PyObject *self, PyObject *noargs)
 {
     return PyLong_FromSize_t(ln_thread_threshold());
@@ -1018,6 +1073,9 @@ static PyMethodDef core_methods[] = {
      "get_num_threads() -> int: the most threads one call may use."},
     {"set_num_threads", set_num_threads, METH_O,
      "set_num_threads(n): let one call use up to n threads."},
+    {"_set_thread_limit", set_thread_limit, METH_O,
+     "_set_thread_limit(n) -> int: at most n threads for this thread's calls (0: no "
+     "limit); returns the previous limit."},
     {"thread_threshold", thread_threshold, METH_NOARGS,
      "thread_threshold() -> int: input bytes below which a call never starts threads."},
     {NULL, NULL, 0, NULL},

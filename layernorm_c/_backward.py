@@ -15,7 +15,7 @@ from typing import Any, NamedTuple, Optional, Tuple
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from . import _core
+from . import _core, _lazy
 from ._api import (
     AxisLike,
     EpsLike,
@@ -245,6 +245,8 @@ def layer_norm_backward(
         res = _core._fast_backward(dy, x, weight, eps, mean, False)
         if res is not NotImplemented:
             return LayerNormGrads(*res)
+    if _lazy.kind(dy, x, weight, mean, var) is not None:  # dask or xarray: a lazy graph
+        return _lazy.layer_norm_backward(dy, x, weight, eps, axis, mean, var)  # type: ignore[no-any-return]
     dx, acc_w, acc_b, plan = _backward_parts(dy, x, weight, eps, axis, mean, var)
     gdt = _grad_dtype(dx.dtype)
     assert acc_w is not None and acc_b is not None

@@ -11,7 +11,7 @@ from typing import Any, Literal, NamedTuple, Optional, Tuple, Union, overload
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from . import _core
+from . import _core, _lazy
 from ._api import (
     AxisLike,
     EpsLike,
@@ -164,6 +164,8 @@ def rms_norm(
         res = _core._fast_rms(x, weight, eps, out, return_stats)
         if res is not NotImplemented:
             return RMSNormResult(*res) if return_stats else res
+    if _lazy.kind(x, weight) is not None:  # dask or xarray: a lazy graph
+        return _lazy.rms_norm(x, weight, eps, axis, out, return_stats, convention)  # type: ignore[no-any-return]
 
     plan = _plan(x, axis)
     xa = plan.x
@@ -281,6 +283,8 @@ def rms_norm_backward(
         res = _core._fast_backward(dy, x, weight, eps, ms, True)
         if res is not NotImplemented:
             return RMSNormGrads(*res)
+    if _lazy.kind(dy, x, weight, ms) is not None:  # dask or xarray: a lazy graph
+        return _lazy.rms_norm_backward(dy, x, weight, eps, axis, ms, convention)  # type: ignore[no-any-return]
     dx, sw, _ = _rms_backward_parts(dy, x, weight, eps, axis, ms, convention)
     assert sw is not None
     return RMSNormGrads(dx, sw.value(_grad_dtype(dx.dtype)))
