@@ -209,6 +209,11 @@ _SESSION = _PYTEST11 + """
 import pytest
 installed = any(ep.name == "layernorm_c.testing.plugin" for ep in PYTEST11)
 args = ["-q", "-p", "no:cacheprovider", "test_plain.py"]
+# Other packages' plugins are not ours to test (jaxtyping's, which equinox
+# installs, imports NumPy when loaded): the session loads ours alone.
+for ep in PYTEST11:
+    if ep.name != "layernorm_c.testing.plugin":
+        args += ["-p", "no:" + ep.name]
 rc = pytest.main(args if installed else args + ["-p", "pytest_layernorm_c"])
 assert rc == 0, rc
 """
