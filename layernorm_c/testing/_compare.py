@@ -125,7 +125,7 @@ class ComparisonReport:
                 lines.append("")
             lines.extend(self._block(block, checks, w_name, cell))
         lines.append("")
-        lines.append(self.summary())
+        lines.extend(textwrap.wrap(self.summary(), width, subsequent_indent="  "))
         lines.append("")
         lines.append("Columns:")
         for n in names:
@@ -280,13 +280,17 @@ def _columns(implementations: Union[Mapping[str, Any], Iterable[Any]]) -> List[T
         items = []
         for obj in implementations:
             label = (obj.name if isinstance(obj, Implementation)
+                     else obj.impl.name if hasattr(obj, "registry") and hasattr(obj, "impl")
                      else obj.title if _is_report(obj) else _name_of(obj))
             items.append((label, obj))
     if not items:
         raise ValueError("implementations: expected at least one implementation, got none")
     columns: List[Tuple[str, Any]] = []
     for label, obj in items:
-        many = None if _is_report(obj) or isinstance(obj, Implementation) else expand(obj)
+        from ._audit import Audit
+
+        plain = _is_report(obj) or isinstance(obj, (Implementation, Audit))
+        many = None if plain else expand(obj)
         if many is not None and len(many) > 1:
             for impl in many:
                 columns.append((f"{label}: {node_label(impl)}", impl))
@@ -309,8 +313,19 @@ def _op_of(obj: Any, op: Optional[str]) -> str:
     it computes, else LayerNorm."""
     if op is not None:
         return op
+    import sys
+
+    import layernorm_c as lnc
+
+    from ._adapters import _is_torch_rms_norm
     from ._frameworks import builtin_op
 
+    if obj is lnc.rms_norm or obj is lnc.reference_rms_norm or isinstance(obj, lnc.RMSNorm):
+        return "rms_norm"
+    torch = sys.modules.get("torch")
+    if torch is not None and (_is_torch_rms_norm(torch, obj)
+                              or isinstance(obj, getattr(torch.nn, "RMSNorm", ()))):
+        return "rms_norm"
     return getattr(obj, "op", None) or builtin_op(obj) or "layer_norm"
 
 
@@ -330,8 +345,9 @@ def compare(implementations: Union[Mapping[str, Any], Iterable[Any]], *,
     implementations : mapping of str to implementation, or iterable of implementations
         Each value anything the audits take (a function, a torch module, a
         framework's object recognised by :func:`adapt`, an
-        :class:`Implementation`), or an :class:`AuditReport` already made
-        (shown as it is). The keys name the columns (an iterable: named
+        :class:`Implementation`), an audit set up with options of its own
+        (``RMSNormAudit(fn, convention="1+weight")``, run here), or an
+        :class:`AuditReport` already made (shown as it is). The keys name the columns (an iterable: named
         after each implementation). An ONNX model with several distinct
         normalization nodes gives a column per node.
     checks : iterable of str, optional
@@ -339,8 +355,9 @@ def compare(implementations: Union[Mapping[str, Any], Iterable[Any]], *,
         column's battery is left out there).
     op : {'layer_norm', 'rms_norm'}, optional
         The battery. Default: for each implementation the op it says it
-        computes (an RMSNorm module, an ONNX RMSNormalization node), else
-        LayerNorm's.
+        computes (an RMSNorm module or layer, an ONNX RMSNormalization
+        node, ``layernorm_c.rms_norm``, ``torch.nn.functional.rms_norm``),
+        else LayerNorm's.
     backward : bool, optional
         The backward battery: each implementation is a backward, or a
         forward its framework differentiates (see :func:`adapt`).
@@ -374,7 +391,7 @@ def compare(implementations: Union[Mapping[str, Any], Iterable[Any]], *,
     ...                  "reference": layernorm_c.reference_layer_norm_y})  # doctest: +SKIP
     >>> print(table)                                                       # doctest: +SKIP
     """
-    from ._audit import LayerNormAudit, selected_checks
+    from ._audit import Audit, LayerNormAudit, selected_checks
     from ._backward_audit import LayerNormBackwardAudit, RMSNormBackwardAudit
     from ._ops import OPS
     from ._rms_audit import RMSNormAudit
@@ -396,6 +413,12 @@ def compare(implementations: Union[Mapping[str, Any], Iterable[Any]], *,
     for label, obj in _columns(implementations):
         if _is_report(obj):
             reports[label], seconds[label] = obj, None
+            continue
+        if isinstance(obj, Audit):  # an audit set up with options of its own
+            start = time.perf_counter()
+            names = None if wanted is None else [n for n in wanted if n in obj.registry]
+            reports[label] = obj.run(names)
+            seconds[label] = time.perf_counter() - start
             continue
         which = _op_of(obj, op)
         kind: Any

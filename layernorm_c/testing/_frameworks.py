@@ -360,7 +360,9 @@ def _keras_layer(layer: Any) -> Tuple[Callable[[int], Any], Dict[str, Any]]:
         clone = cls.from_config(config)
         shape = _keras_built_shape(layer, weight_attr)
         clone.build(shape)
-        clone.set_weights(layer.get_weights())
+        for mine, theirs in zip(clone.weights, layer.weights):
+            # Through keras.ops: Variable.numpy() warns under NumPy 2.
+            mine.assign(keras.ops.convert_to_numpy(theirs.value))
         d = int(shape[-1]) if shape[-1] is not None else None
         rank = len(shape)
         if d is not None:
@@ -557,7 +559,20 @@ class OnnxNode:
 
     @property
     def epsilon(self) -> float:
-        return float(dict(self.attributes).get("epsilon", 1e-5))
+        """The epsilon attribute, or the op's default (both float32)."""
+        given = dict(self.attributes).get("epsilon")
+        if given is not None:
+            return float(given)
+        return float(np.float32(_schema_default(self.op_type, "epsilon", 1e-5)))
+
+
+def _schema_default(op_type: str, attribute: str, fallback: float) -> float:
+    """An attribute's default, from the op's schema where onnx has one."""
+    try:
+        value = _onnx().defs.get_schema(op_type).attributes[attribute].default_value
+        return float(value.f)
+    except Exception:  # an op onnx does not define (onnxruntime's own)
+        return fallback
 
 
 def _onnx() -> Any:
@@ -772,7 +787,8 @@ def _onnx_implementation(node: OnnxNode, runtime: str, settings: Dict[str, Any])
         axis_text += f" (normalized shape {trailing})"
     details = _settings(
         axis=axis_text,
-        epsilon=f"{node.epsilon!r} (the node's float32 attribute)",
+        epsilon=(f"{node.epsilon!r} (the node's float32 attribute"
+                 + (")" if "epsilon" in dict(node.attributes) else ", its default)")),
         stash_type=stash, dtype=dtype.name,
         params=("Scale and B" if takes_bias else "Scale, no B"),
         nodes=shown, opset=node.opset)
