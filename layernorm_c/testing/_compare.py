@@ -279,9 +279,14 @@ def _columns(implementations: Union[Mapping[str, Any], Iterable[Any]]) -> List[T
     else:
         items = []
         for obj in implementations:
-            label = (obj.name if isinstance(obj, Implementation)
-                     else obj.impl.name if hasattr(obj, "registry") and hasattr(obj, "impl")
-                     else obj.title if _is_report(obj) else _name_of(obj))
+            if isinstance(obj, Implementation):
+                label = obj.name
+            elif isinstance(obj, AuditReport):
+                label = obj.title
+            elif hasattr(obj, "registry") and hasattr(obj, "impl"):  # an audit
+                label = str(obj.impl.name)
+            else:
+                label = _name_of(obj)
             items.append((label, obj))
     if not items:
         raise ValueError("implementations: expected at least one implementation, got none")

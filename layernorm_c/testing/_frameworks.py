@@ -31,12 +31,15 @@ import math
 import os
 import sys
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import numpy.typing as npt
 
 from ._adapters import Implementation, _converted
+
+if TYPE_CHECKING:
+    from ._backward_adapters import BackwardImplementation
 
 __all__ = ["adapt_builtin", "adapt_builtin_backward", "from_onnx", "builtin_kind",
            "expand", "builtin_op", "node_label", "ONNX_RUNTIMES", "OnnxNode",
@@ -685,7 +688,8 @@ def _np_dtype(elem_type: int) -> np.dtype[Any]:
         if bf16 is None:
             raise ValueError("a bfloat16 node needs ml_dtypes, which is not installed")
         return bf16
-    return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type))
+    found: np.dtype[Any] = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type))
+    return found
 
 
 def _elem_type(dtype: np.dtype[Any]) -> int:
@@ -851,7 +855,7 @@ def from_onnx(model: Any, runtime: Optional[str] = None) -> List[Implementation]
 
 # -- backward: the JAX modules differentiated by jax.vjp ---------------------------
 
-def adapt_builtin_backward(obj: Any) -> Optional[Any]:
+def adapt_builtin_backward(obj: Any) -> Optional[BackwardImplementation]:
     """A :class:`BackwardImplementation` of a flax or equinox module (its
     forward differentiated by ``jax.vjp``), or None for other objects."""
     kind = builtin_kind(obj)
