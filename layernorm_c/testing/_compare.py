@@ -9,7 +9,7 @@ from typing import (TYPE_CHECKING, Any, Dict, Iterable, Iterator, List, Mapping,
 
 import numpy.typing as npt
 
-from ._report import FAIL, PASS, SKIP, STATUSES, WARN, AuditReport, CheckResult, _escape
+from ._report import FAIL, STATUSES, AuditReport, CheckResult, _escape
 from ._report import STATUS_COLOURS, status_badge, status_label
 
 if TYPE_CHECKING:
@@ -445,7 +445,3 @@ def compare(implementations: Union[Mapping[str, Any], Iterable[Any]], *,
         seconds[label] = time.perf_counter() - start
     return ComparisonReport(reports, seconds)
 
-
-def status_counts(report: AuditReport) -> Dict[str, int]:
-    """How many checks of ``report`` ended in each status."""
-    return {s: len(report._with(s)) for s in (PASS, FAIL, WARN, SKIP)}

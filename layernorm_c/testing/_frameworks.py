@@ -31,7 +31,7 @@ import math
 import os
 import sys
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import numpy.typing as npt
@@ -881,7 +881,3 @@ _ADAPTERS: Dict[str, Callable[[Any], Implementation]] = {
     "standardize": _adapt_standardize,
 }
 
-
-def describe(objects: Sequence[Any]) -> List[str]:
-    """The kinds of ``objects``, for messages."""
-    return [builtin_kind(o) or type(o).__name__ for o in objects]
