@@ -11,6 +11,7 @@ import os
 import shutil
 import sys
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -245,12 +246,22 @@ def test_a_slow_formula_is_not_timed(bench):
 
 def test_timing_helpers_count_calls(bench):
     calls = []
-    loops = bench._timing.calibrate(lambda: calls.append(1), min_time=1e-4)
-    assert loops >= 1 and len(calls) >= loops
-    order = []
-    medians = bench.measure({"a": lambda: order.append("a"), "b": lambda: order.append("b")},
-                            repeats=3, min_time=1e-5)
-    assert set(medians) == {"a", "b"} and all(t >= 0 for t in medians.values())
+    loops, per_call = bench._timing.calibrate(lambda: calls.append(1), min_time=1e-4)
+    assert loops >= 1 and len(calls) >= loops and per_call * loops >= 1e-4
+    counts = {"a": 0, "b": 0, "slow": 0}
+
+    def count(name, seconds=0.0):
+        def call():
+            counts[name] += 1
+            if seconds:
+                time.sleep(seconds)
+        return call
+
+    medians = bench.measure({"a": count("a"), "b": count("b"), "slow": count("slow", 0.02)},
+                            repeats=5, min_time=1e-3, slow=0.01, slow_repeats=2)
+    assert set(medians) == {"a", "b", "slow"} and all(t > 0 for t in medians.values())
+    # One call per measurement for the slow one: 1 calibration + 1 more.
+    assert counts["slow"] == 2 and counts["a"] > 5 and medians["slow"] >= 0.02
 
 
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity here")

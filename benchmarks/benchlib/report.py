@@ -153,8 +153,8 @@ def info_lines(info: dict, cfg) -> List[str]:
         lines.append(f"**A {cfg.mode} run, not the full benchmark: rerun "
                      "`python benchmarks/bench.py` for the figures.**")
     lines += [
-        f"Date (UTC): {info['date']}; mode: {cfg.mode}, medians of {cfg.repeats} interleaved "
-        f"repeats, each >= {cfg.min_time * 1e3:g} ms",
+        f"Date (UTC): {info['date']}; mode: {cfg.mode}, medians of {cfg.repeats} interleaved measurements, "
+        f"each >= {cfg.min_time * 1e3:g} ms",
         f"CPU: {info['cpu']}; {info['usable_cpus']} usable of {info['logical_cpus']} logical "
         f"CPUs; pinned to CPU {info['pinned'][0]} (1 thread)"
         + (f", CPUs {info['pinned'][1]} (2 threads)" if len(info['pinned']) > 1 else "")
@@ -162,7 +162,7 @@ def info_lines(info: dict, cfg) -> List[str]:
         f"Python {info['python']}, layernorm_c {info['layernorm_c']}, {versions}; "
         f"{info['platform']}",
         f"Load average (1, 5, 15 min) at start: {info['loadavg_start']}, "
-        f"at end: {info.get('loadavg_end')}",
+        f"at end: {info.get('loadavg_end')}; the run took {info.get('run_seconds')} s",
     ]
     return lines
 

@@ -5,7 +5,7 @@ import gc
 import os
 import statistics
 import time
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 Call = Callable[[], object]
 
@@ -24,33 +24,45 @@ def time_loops(fn: Call, loops: int) -> float:
             gc.enable()
 
 
-def calibrate(fn: Call, min_time: float) -> int:
-    """The number of calls whose total time reaches ``min_time``."""
+def calibrate(fn: Call, min_time: float) -> Tuple[int, float]:
+    """The number of calls whose total time reaches ``min_time``, and the
+    seconds per call of that last round (a measurement like any other)."""
     loops = 1
     while True:
         t = time_loops(fn, loops)
         if t >= min_time:
-            return loops
+            return loops, t / loops
         # Aim 20% past min_time, growing at least 2x and at most 100x.
         guess = int(loops * 1.2 * min_time / max(t, 1e-9)) + 1
         loops = min(max(guess, 2 * loops), 100 * loops)
 
 
-def measure(impls: Dict[str, Call], repeats: int, min_time: float) -> Dict[str, float]:
-    """Median seconds per call of each implementation.
+def measure(impls: Dict[str, Call], repeats: int, min_time: float,
+            slow: Optional[float] = None, slow_repeats: int = 3) -> Dict[str, float]:
+    """Median seconds per call of each implementation over ``repeats``
+    measurements.
 
-    Each repeat times every implementation once, in turn (interleaved), and
-    the order rotates from one repeat to the next, so a slow drift of the
+    The first measurement is the last round of the calibration; the others
+    are interleaved: each round times every implementation once, in turn,
+    and the order rotates from one round to the next, so a slow drift of the
     machine (other processes, clocks, caches) touches all of them alike and
-    none is always timed right after the same neighbour.
+    none is always timed right after the same neighbour. An implementation
+    whose calls take ``slow`` seconds or more is measured ``slow_repeats``
+    times only.
     """
     names = list(impls)
-    loops = {name: calibrate(impls[name], min_time) for name in names}
-    samples: Dict[str, List[float]] = {name: [] for name in names}
-    for r in range(repeats):
+    loops: Dict[str, int] = {}
+    samples: Dict[str, List[float]] = {}
+    for name in names:
+        loops[name], first = calibrate(impls[name], min_time)
+        samples[name] = [first]
+    quota = {name: min(repeats, slow_repeats) if slow and samples[name][0] >= slow
+             else repeats for name in names}
+    for r in range(max(0, repeats - 1)):
         k = r % len(names) if names else 0
         for name in names[k:] + names[:k]:
-            samples[name].append(time_loops(impls[name], loops[name]) / loops[name])
+            if len(samples[name]) < quota[name]:
+                samples[name].append(time_loops(impls[name], loops[name]) / loops[name])
     return {name: statistics.median(s) for name, s in samples.items()}
 
 
