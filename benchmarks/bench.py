@@ -521,6 +521,8 @@ def run(cfg: Config, paths: Dict[str, Path], with_memory: bool = True,
         torch = peers.torch
         saved_torch = torch.get_num_threads() if torch is not None else None
         info = machine_info(cfg, peers)
+        if "bfloat16" in cfg.dtypes and _impls.bfloat16() is None:
+            info["notes"] = ["bfloat16 not measured: ml_dtypes not installed"]
         try:
             results = run_cases(cfg, peers, log)
             latency = measure_latency(cfg, peers) if with_latency else None

@@ -153,6 +153,22 @@ def test_missing_peers_are_skipped_with_a_reason(bench, tmp_path, monkeypatch):
     assert data["memory"]["rows"]["torch"] == {"traced": None, "rss": None}
 
 
+def test_loading_openvino_sends_no_telemetry():
+    """Importing openvino sends a usage event through openvino_telemetry
+    unless the user opted out: the benchmark loads it with the telemetry
+    module blocked, so openvino falls back to its silent stub."""
+    if not _installed("openvino"):
+        pytest.skip("openvino not installed")
+    from subprocess_support import run_python
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); from benchlib import impls; "
+            "impls.Peers(['openvino']).get('openvino'); "
+            "import openvino.tools.ovc.telemetry_utils as t; "
+            "print('openvino_telemetry' in sys.modules, t.tm.__name__)")
+    proc = run_python(["-c", code, str(BENCH_PATH.parent)], timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["False", "openvino.tools.ovc.telemetry_stub"]
+
+
 def test_a_selection_runs_only_what_was_asked(bench, tmp_path):
     data = _run_quick(bench, tmp_path, "--ops", "layer_norm_backward", "--dtypes", "float64",
                       "--shapes", "5x48", "--peers", "numpy", "--threads", "1",

@@ -604,7 +604,18 @@ class Peers:
         return onnx, ort
 
     def _load_openvino(self):
-        ov = self._require("openvino")
+        # Importing openvino sends a usage event to Google Analytics (from a
+        # forked process, through openvino_telemetry) unless the user opted
+        # out; it falls back to a silent stub when openvino_telemetry cannot
+        # be imported, so block that import while openvino loads.
+        blocked = "openvino_telemetry" not in sys.modules and "openvino" not in sys.modules
+        if blocked:
+            sys.modules["openvino_telemetry"] = None  # type: ignore[assignment]
+        try:
+            ov = self._require("openvino")
+        finally:
+            if blocked:
+                sys.modules.pop("openvino_telemetry", None)
         ops = self._require("openvino.opset13")
         core = ov.Core()
         if "CPU" not in core.available_devices:

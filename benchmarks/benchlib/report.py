@@ -164,7 +164,7 @@ def info_lines(info: dict, cfg) -> List[str]:
         f"Load average (1, 5, 15 min) at start: {info['loadavg_start']}, "
         f"at end: {info.get('loadavg_end')}; the run took {info.get('run_seconds')} s",
     ]
-    return lines
+    return lines + list(info.get("notes", []))
 
 
 # ---------------------------------------------------------------- writers
