@@ -445,10 +445,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, help="timed repeats per case (default 5; quick 3)")
     p.add_argument("--min-time", type=float,
                    help="seconds each measurement lasts at least (default 0.02; quick 0.001)")
-    p.add_argument("--max-call", type=float, default=1.0,
+    p.add_argument("--max-call", type=float, default=0.5,
                    help="do not time the NumPy formula where a call would take longer than "
                         "this many seconds (estimated on 1/16 of the rows), and time other "
-                        "implementations that slow 3 times only (default 1; 0: no limit)")
+                        "implementations that slow 3 times only (default 0.5; 0: no limit)")
     p.add_argument("--no-memory", action="store_true", help="skip the memory measurement")
     p.add_argument("--no-latency", action="store_true", help="skip the (1, 768) latency table")
     p.add_argument("--rss-child", help=argparse.SUPPRESS)
