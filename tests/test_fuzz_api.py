@@ -981,6 +981,38 @@ def test_eps_too_large_for_a_float_is_valueerror():
             lnc.layer_norm(np.array([1.0, 2.0]), eps=eps)
 
 
+@pytest.mark.parametrize("dt", FLOAT_DTYPES + ((fs.BF16,) if fs.BF16 is not None else ()),
+                         ids=str)
+@pytest.mark.parametrize("axis", [-1, 1, (1,)])
+def test_rms_norm_python_scalar_weight_is_weak(dt, axis):
+    """A Python scalar weight never widens rms_norm's result, as for
+    layer_norm: float16 x with weight=2.0 is float16, the same bits as with
+    the weight as an array of x's dtype (found by this fuzzer: the result
+    was float64)."""
+    x = np.random.default_rng(0).standard_normal((3, 5)).astype(dt)
+    for weight in (2.0, 3, True):
+        y = lnc.rms_norm(x, weight, axis=axis)
+        want = lnc.rms_norm(x, np.full(5, weight, dt), axis=axis)
+        assert y.dtype == dt, (weight, y.dtype)
+        assert fs.same_bits(y, want), weight
+
+
+@pytest.mark.parametrize("dt", FLOAT_DTYPES + ((fs.BF16,) if fs.BF16 is not None else ()),
+                         ids=str)
+@pytest.mark.parametrize("op", ["layer_norm_backward", "rms_norm_backward"])
+def test_backward_python_scalar_weight_is_weak(dt, op):
+    """The same for the backward passes: a Python scalar weight gives the
+    bits of the weight as an array of the records' dtype, dweight included
+    (it was computed in float64, and dweight's bits changed)."""
+    rng = np.random.default_rng(1)
+    x, dy = (rng.standard_normal((4, 37)).astype(dt) for _ in range(2))
+    fn = getattr(lnc, op)
+    for weight in (2.0, 3, True):
+        got, want = fn(dy, x, weight), fn(dy, x, np.full(37, weight, dt))
+        for name, a, b in zip(got._fields, got, want):
+            assert fs.same_bits(a, b), (weight, name)
+
+
 @pytest.mark.parametrize("dt", FLOAT_DTYPES, ids=str)
 def test_out_of_every_wrong_kind_on_the_fast_path(dt):
     """x eligible for the C fast path, out= wrong in every way: a clean
