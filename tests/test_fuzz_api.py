@@ -580,8 +580,7 @@ def check_rms_rows(Y, X, S, E, cdt, odt, what) -> None:
         err = np.abs(Y - ref)
     wild = np.broadcast_to(~np.isfinite(S1), Y.shape)
     fin = np.broadcast_to(finite[:, None], Y.shape)
-    bad_rec = fin.any(axis=1) == False  # noqa: E712  (records with a NaN or inf)
-    bad_rec &= ~np.isnan(Y).all(axis=1)
+    bad_rec = ~finite & ~np.isnan(Y).all(axis=1)  # a NaN or an infinity: all NaN
     bad_nan = fin & ~wild & np.isnan(ref) & ~np.isnan(Y)   # 0/0: eps 0, a zero record
     bad_wild = fin & wild & np.isfinite(Y)
     bad_val = fin & ~wild & ~big & np.isfinite(ref) & ~(err <= tol)
