@@ -142,7 +142,10 @@ def _backward_parts(dy: object, x: object, weight: object, eps: object, axis: ob
     _stat_arg(var, "var", plan)  # checked; the pass over x refines the variance itself
     dtype = _result_dtype(xa, [(dy, dya), (weight, w)])
     d = math.prod(plan.norm_shape)
-    w1 = None if w is None else _native(np.ascontiguousarray(w).reshape(d))
+    # The weight in the result dtype: a weak Python scalar weight must not
+    # widen the computation (nor change dweight's bits).
+    w1 = None if w is None else _native(np.ascontiguousarray(w.astype(dtype, copy=False))
+                                        .reshape(d))
     dx2, sw, sb = _core._backward(_as_rows(dya, plan), _as_rows(xa, plan), w1, eps, m, sums)
     dx2 = dx2.astype(dtype, copy=False)
     moved = dx2.reshape(plan.lead_shape + plan.norm_shape)

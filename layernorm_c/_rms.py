@@ -175,7 +175,10 @@ def rms_norm(
     dtype = _result_dtype(xa, [(weight, w)])
     if out is not None:
         _check_out(out, xa.shape, dtype)
-    scale = _scale(w, dtype, plus_one) if plus_one else w
+    # The weight in the result dtype, as layer_norm casts its parameters: a
+    # Python scalar weight is weak and must not widen the computation.
+    scale = _scale(w, dtype, plus_one) if plus_one else \
+        None if w is None else w.astype(dtype, copy=False)
     if len(plan.axes) == 1 and plan.axes[0] == xa.ndim - 1 and scale is not None:
         # The scale is in the computation's type: the result keeps x's
         # dtype when that is the result dtype.
@@ -220,7 +223,9 @@ def _rms_backward_parts(dy: object, x: object, weight: object, eps: object, axis
     from ._backward import _stat_arg
     _stat_arg(ms, "ms", plan)  # checked; the pass over x recomputes it exactly
     dtype = _result_dtype(xa, [(dy, dya), (weight, w)])
-    scale = _scale(w, dtype, plus_one) if plus_one else w
+    # (in the result dtype, as in rms_norm: a weak scalar weight stays weak)
+    scale = _scale(w, dtype, plus_one) if plus_one else \
+        None if w is None else w.astype(dtype, copy=False)
     d = math.prod(plan.norm_shape)
     s1 = None if scale is None else _native(np.ascontiguousarray(scale).reshape(d))
     dx2, sw, _ = _core._backward(_as_rows(dya, plan), _as_rows(xa, plan), s1, eps, None, True,
