@@ -230,7 +230,8 @@ def _rms_backward_parts(dy: object, x: object, weight: object, eps: object, axis
     s1 = None if scale is None else _native(np.ascontiguousarray(scale).reshape(d))
     dx2, sw, _ = _core._backward(_as_rows(dya, plan), _as_rows(xa, plan), s1, eps, None, True,
                                  True)
-    moved = dx2.astype(dtype, copy=False).reshape(plan.lead_shape + plan.norm_shape)
+    with np.errstate(over="ignore"):  # an overflow to inf, as the kernels write it silently
+        moved = dx2.astype(dtype, copy=False).reshape(plan.lead_shape + plan.norm_shape)
     dx = moved.transpose(tuple(int(i) for i in np.argsort(plan.perm)))
     if not (xa.flags.c_contiguous and plan.perm == tuple(range(xa.ndim))):
         dx = _like(xa, dx)
