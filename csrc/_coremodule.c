@@ -988,17 +988,27 @@ static PyObject *get_num_threads(PyObject *self, PyObject *noargs)
     return PyLong_FromLong(g_threads);
 }
 
-static PyObject *set_num_threads(PyObject *self, PyObject *arg)
+/* A thread count from lo to LN_MAX_THREADS as an int, or -1 with
+ * ValueError ("n: expected a thread <what> from lo to ..."). */
+static int thread_arg(PyObject *arg, long lo, const char *what)
 {
     long n = PyLong_AsLong(arg);
     if (n == -1 && PyErr_Occurred())
-        return NULL;
-    if (n < 1 || n > LN_MAX_THREADS) {
-        PyErr_Format(PyExc_ValueError, "n: expected a thread count from 1 to %d, got %ld",
-                     LN_MAX_THREADS, n);
-        return NULL;
+        return -1;
+    if (n < lo || n > LN_MAX_THREADS) {
+        PyErr_Format(PyExc_ValueError, "n: expected a thread %s from %ld to %d, got %ld", what,
+                     lo, LN_MAX_THREADS, n);
+        return -1;
     }
-    g_threads = (int)n;
+    return (int)n;
+}
+
+static PyObject *set_num_threads(PyObject *self, PyObject *arg)
+{
+    int n = thread_arg(arg, 1, "count");
+    if (n < 0)
+        return NULL;
+    g_threads = n;
     Py_RETURN_NONE;
 }
 
@@ -1006,16 +1016,11 @@ static PyObject *set_num_threads(PyObject *self, PyObject *arg)
  * calls made from the calling thread (0: no limit). */
 static PyObject *set_thread_limit(PyObject *self, PyObject *arg)
 {
-    long n = PyLong_AsLong(arg);
-    if (n == -1 && PyErr_Occurred())
+    int n = thread_arg(arg, 0, "limit");
+    if (n < 0)
         return NULL;
-    if (n < 0 || n > LN_MAX_THREADS) {
-        PyErr_Format(PyExc_ValueError, "n: expected a thread limit from 0 to %d, got %ld",
-                     LN_MAX_THREADS, n);
-        return NULL;
-    }
     int previous = t_thread_limit;
-    t_thread_limit = (int)n;
+    t_thread_limit = n;
     return PyLong_FromLong(previous);
 }
 
