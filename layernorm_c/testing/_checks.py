@@ -1278,7 +1278,8 @@ def check_batch_invariance(p: Probe) -> CheckResult:
         i = beyond[0]
         nonfinite = nonfinite_words(outputs[i], outputs[0], f"the same record {layouts[0][0]}")
         if nonfinite is not None:
-            figure = f"non-finite {layouts[i][0]}"
+            where = layouts[0][0] if not np.isfinite(outputs[0]).all() else layouts[i][0]
+            figure = f"non-finite {where}"
             how = f"{layouts[i][0]}, it {nonfinite}"
         else:
             diff = _max_abs_error(outputs[i], outputs[0])

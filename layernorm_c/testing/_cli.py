@@ -89,6 +89,14 @@ def build_parser() -> argparse.ArgumentParser:
                         help="fail, not warn, when a record's bits depend on its batch (with "
                              "--backward: also the parameter gradients' bits on the record "
                              "order, layout or thread count)")
+    depth = parser.add_mutually_exclusive_group()
+    depth.add_argument("--quick", dest="mode", action="store_const", const="quick",
+                       default="default",
+                       help="measure less: the large-d check on fewer sizes (about a second "
+                            "on a fast implementation)")
+    depth.add_argument("--thorough", dest="mode", action="store_const", const="thorough",
+                       help="measure more: the large-d check at every power of two to 2^22 "
+                            "with more records (may take minutes)")
     parser.add_argument("--list-checks", action="store_true",
                         help="list the checks and exit")
     return parser
@@ -237,7 +245,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                      leading_shape=args.leading_shape, rtol=args.rtol,
                      atol=args.atol, seed=args.seed,
                      strict_batch_invariance=args.strict_batch_invariance,
-                     name=args.target, **options)
+                     name=args.target, mode=args.mode, **options)
     except (ValueError, TypeError, ImportError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
