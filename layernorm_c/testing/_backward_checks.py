@@ -595,7 +595,11 @@ def check_eps(p: BackwardProbe) -> CheckResult:
     estimates = candidates[(slope_ddof, "variance")][0]
     shown = ", ".join(f"{e:g}" for e in eps_values)
     in_use = candidates[(slope_ddof, best_mode)][0]
-    figure = ("eps in use " + ", ".join(distinct(e, g, 3)[0] for e, g in zip(in_use, eps_values))
+    # (The digits that tell the eps in use from the forward's only where
+    # they differ beyond what the measurement resolves.)
+    agrees = fits_with(eps_values) if best_mode == "variance" else False
+    figure = ("eps in use " + ", ".join(f"{e:.3g}" if agrees else distinct(e, g, 3)[0]
+                                        for e, g in zip(in_use, eps_values))
               + (" (on the std)" if best_mode == "std" else "") + f" for eps {shown}")
     values = {"eps": eps_values, "estimates": in_use, "placement": best_mode}
     # An RMSNorm's statistic is the mean square, whose root has eps outside.

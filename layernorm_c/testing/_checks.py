@@ -401,6 +401,18 @@ def _named_eps(est: EpsEstimate) -> str:
     return f"{est.value:.{digits}g}"
 
 
+def fmt_in_use(est: EpsEstimate, declared: float) -> str:
+    """An estimated eps in a figure: the declared value where it matches,
+    else with the digits its precision resolves (and those that tell it
+    from the declared)."""
+    if est.matches(declared):
+        return f"{declared:g}"
+    digits = 3
+    if est.precision > 0 and est.value != 0:
+        digits = max(3, min(17, math.ceil(math.log10(abs(est.value) / est.precision))))
+    return distinct(est.value, declared, digits)[0]
+
+
 def describe_eps_in_use(p: ProbeBase[Any], declared: Sequence[float],
                         estimates: Sequence[EpsEstimate]) -> str:
     """What the estimated eps in use (one per eps probed) says of the
@@ -688,7 +700,7 @@ def check_eps(p: Probe) -> CheckResult:
         slope = " (with the sample variance, see the variance check)" if \
             estimates[0].slope != 1 else ""
         return CheckResult("eps", FAIL, figure + "; eps in use " + ", ".join(
-            distinct(e.value, g, 3)[0] for e, g in zip(estimates, eps_values)),
+            fmt_in_use(e, g) for e, g in zip(estimates, eps_values)),
             f"{words}{slope} (read from records whose variance is 0.01 to 10 times eps)",
             {**values, "estimates": [e.value for e in estimates],
                       "claims": {"eps": "other", "eps_placement": "variance",
@@ -1074,10 +1086,13 @@ def large_d_verdict(name: str, p: ProbeBase[Any], sizes: Sequence[int], errors: 
                            "whose rounding error grows with d; sum pairwise or in blocks (as "
                            "NumPy, PyTorch and layernorm_c do) or accumulate in a wider type",
                            {**values, "claims": {"growth": "grows"}})
+    large = max(units) > floor * math.log2(sizes[-1])
     return CheckResult(name, PASS, figure,
                        f"the error does not grow with d beyond what summing costs "
                        f"({fmt_growth(k)}): max {what} error by d: {table}; at most "
-                       f"{max(units):.2g} units of {dt}'s roundoff up to d={top}",
+                       f"{max(units):.2g} units of {dt}'s roundoff up to d={top}"
+                       + ("; an error this large at every d is the other checks' business"
+                          if large else ""),
                        {**values, "claims": {"growth": "none"}})
 
 

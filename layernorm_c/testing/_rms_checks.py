@@ -23,8 +23,8 @@ from numpy.typing import NDArray
 from .._cases import RMS_WORKED_EXAMPLES
 from ._checks import (REGISTRY, Check, _check, _fmt_numbers, _identical, _no_fit, _scale_ratio,
                       _no_eps, _standard_rows, _unrepeatable, eps_in_use, eps_mismatch, eps_probes,
-                      eps_runs, float16_overflow, hand_rows)
-from ._numerics import RMS_EPS_MODES, TOLERANCES, Fit, distinct, fit, model_rms_norm
+                      eps_runs, float16_overflow, fmt_in_use, hand_rows)
+from ._numerics import RMS_EPS_MODES, TOLERANCES, Fit, fit, model_rms_norm
 from ._ops import bfloat16, unit_roundoff
 from ._probe import ImplementationError, Param, Params, Probe
 from ._report import FAIL, PASS, SKIP, WARN, CheckResult
@@ -276,7 +276,7 @@ def check_eps(p: Probe) -> CheckResult:
         if mismatch is not None:
             words, estimates = mismatch
             return CheckResult("eps", FAIL, figure + "; eps in use " + ", ".join(
-                distinct(e.value, g, 3)[0] for e, g in zip(estimates, eps_values)),
+                fmt_in_use(e, g) for e, g in zip(estimates, eps_values)),
                 f"{words} (read from records whose mean square is 0.01 to 10 times eps)",
                 {"estimates": [e.value for e in estimates],
                  "claims": {"eps": "other", "eps_placement": "inside"}})
