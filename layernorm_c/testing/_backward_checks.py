@@ -601,7 +601,7 @@ def check_eps(p: BackwardProbe) -> CheckResult:
     figure = ("eps in use " + ", ".join(f"{e:.3g}" if agrees else distinct(e, g, 3)[0]
                                         for e, g in zip(in_use, eps_values))
               + (" (on the std)" if best_mode == "std" else "") + f" for eps {shown}")
-    values = {"eps": eps_values, "estimates": in_use, "placement": best_mode}
+    values: Dict[str, Any] = {"eps": eps_values, "estimates": in_use, "placement": best_mode}
     # An RMSNorm's statistic is the mean square, whose root has eps outside.
     v, stat, std_words = (("var", "variance", "eps added to the standard deviation")
                           if p.op.key == "layer_norm" else

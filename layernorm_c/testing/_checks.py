@@ -22,7 +22,7 @@ from ._numerics import (EPS_MODES, TOLERANCES, Fit, Tolerance, distinct, eps_rou
                         nonfinite_words, ulp_distance)
 from ._ops import is_float, unit_roundoff
 from ._probe import ImplementationError, Param, Params, Probe, ProbeBase
-from ._report import FAIL, PASS, SKIP, WARN, CheckResult
+from ._report import FAIL, PASS, SKIP, WARN, CheckResult, Status
 
 __all__ = ["Check", "CHECKS", "REGISTRY", "run_check"]
 
@@ -1285,7 +1285,7 @@ def check_batch_invariance(p: Probe) -> CheckResult:
         return CheckResult("batch_invariance", PASS, figure,
                            f"bit-identical: {len(records)} records give the same bits {where}",
                            values)
-    status = FAIL if p.strict_batch_invariance else WARN
+    status: Status = FAIL if p.strict_batch_invariance else WARN
     beyond = [i for i, y in enumerate(outputs) if p.tol.worst(y, outputs[0]) > 1]
     if beyond:
         # Beyond tolerance, ulps say nothing useful (0 against 0.5 is
