@@ -25,6 +25,23 @@ static const ln_kernels *g_kernels = &ln_kernels_scalar;
 static ln_isa g_isa = LN_ISA_SCALAR;
 static int g_threads = 1;
 
+/* A limit on the threads of the calls made from this thread (0: none).
+ * Dask tasks set it to 1, so each worker thread computes its own chunk
+ * without also waking the pool (see _set_thread_limit). */
+#if defined(_MSC_VER)
+#define LN_THREAD_LOCAL __declspec(thread)
+#else
+#define LN_THREAD_LOCAL _Thread_local
+#endif
+static LN_THREAD_LOCAL int t_thread_limit = 0;
+
+/* The threads of a call: the setting, within this thread's limit. */
+static int call_threads(void)
+{
+    int n = g_threads;
+    return t_thread_limit > 0 && t_thread_limit < n ? t_thread_limit : n;
+}
+
 /* ---- dtypes ------------------------------------------------------------- */
 
 /* bfloat16 has no NumPy type number until a package (ml_dtypes) registers
@@ -229,7 +246,7 @@ static void gufunc_loop(char **args, npy_intp const *dims, npy_intp const *steps
     fenv_t env;
     fill_job(&job, ld->g, ld->dtype, args, dims, steps);
     feholdexcept(&env);
-    int rc = ln_batch_run(g_kernels, &job, g_threads);
+    int rc = ln_batch_run(g_kernels, &job, call_threads());
     fesetenv(&env);
     if (rc == LN_ENOMEM) {
         NPY_ALLOW_C_API_DEF
@@ -535,7 +552,7 @@ static PyObject *fast_norm(ln_op op, PyObject *const *args, int w_in_ctype)
 
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = ln_batch_run(g_kernels, &job, g_threads);
+    rc = ln_batch_run(g_kernels, &job, call_threads());
     Py_END_ALLOW_THREADS
     PyMem_Free(w_copy);
     PyMem_Free(b_copy);
@@ -695,7 +712,7 @@ static PyObject *backward(PyObject *self, PyObject *const *args, Py_ssize_t narg
     }
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = ln_batch_run(g_kernels, &job, g_threads);
+    rc = ln_batch_run(g_kernels, &job, call_threads());
     Py_END_ALLOW_THREADS
     PyObject *res = NULL;
     if (rc == LN_ENOMEM) {
@@ -783,6 +800,139 @@ static PyObject *acc_value(PyObject *self, PyObject *const *args, Py_ssize_t nar
     return out;
 }
 
+/* An accumulator's sums rounded once, as a new (d,) array of the
+ * parameter gradients' dtype: float32 for records computed in float, else
+ * float64. */
+static PyObject *acc_values(ln_acc *acc, size_t d, ln_dtype ct)
+{
+    npy_intp n = (npy_intp)d;
+    int single = ct == LN_F32;
+    PyObject *out = PyArray_SimpleNew(1, &n, single ? NPY_FLOAT : NPY_DOUBLE);
+    if (out == NULL)
+        return NULL;
+    if (!single) {
+        ln_acc_value(acc, (double *)PyArray_DATA((PyArrayObject *)out), 53);
+        return out;
+    }
+    double *v = PyMem_Malloc((d ? d : 1) * sizeof *v);
+    if (v == NULL) {
+        Py_DECREF(out);
+        return PyErr_NoMemory();
+    }
+    ln_acc_value(acc, v, 24); /* 24 bits: exact as a float */
+    float *f = (float *)PyArray_DATA((PyArrayObject *)out);
+    for (size_t j = 0; j < d; j++)
+        f[j] = (float)v[j];
+    PyMem_Free(v);
+    return out;
+}
+
+/* The per-record statistic the fast backward may be given (the forward's
+ * mean, or RMSNorm's ms, checked and not needed): None, or an exact,
+ * aligned, native, C-contiguous float array shaped like x without its last
+ * axis. -1: not for the fast path. */
+static int fast_stat(PyObject *o, PyArrayObject *x, ln_operand *op)
+{
+    ln_dtype t;
+    memset(op, 0, sizeof *op);
+    if (o == Py_None)
+        return 0;
+    if (fast_dtype(o, &t) < 0)
+        return -1;
+    PyArrayObject *a = (PyArrayObject *)o;
+    int nd = PyArray_NDIM(x);
+    if (PyArray_NDIM(a) != nd - 1 ||
+        !PyArray_CompareLists(PyArray_DIMS(a), PyArray_DIMS(x), nd - 1) ||
+        !PyArray_IS_C_CONTIGUOUS(a))
+        return -1;
+    *op = (ln_operand){.ptr = PyArray_BYTES(a), .row = PyArray_ITEMSIZE(a), .dtype = t};
+    return 0;
+}
+
+/*
+ * _fast_backward(dy, x, weight, eps, stat, rms) -> (dx, dweight, dbias), or
+ * (dx, dweight) with rms true: layer_norm_backward (rms_norm_backward,
+ * "weight" convention) over the last axis for the common case: dy and x
+ * exact, aligned, native, C-contiguous float arrays of one shape; weight as
+ * for _fast; a valid float eps; stat as fast_stat takes it. The sums come
+ * back rounded, with no state arrays in between. NotImplemented for
+ * anything else: the wrapper's general path validates and explains.
+ */
+static PyObject *fast_backward(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    ln_dtype xt, dyt;
+    if (nargs != 6 || fast_dtype(args[0], &dyt) < 0 || fast_dtype(args[1], &xt) < 0 ||
+        !PyBool_Check(args[5]))
+        Py_RETURN_NOTIMPLEMENTED;
+    int rms = args[5] == Py_True;
+    PyArrayObject *dy = (PyArrayObject *)args[0], *x = (PyArrayObject *)args[1];
+    int nd = PyArray_NDIM(x);
+    if (nd < 1 || PyArray_NDIM(dy) != nd ||
+        !PyArray_CompareLists(PyArray_DIMS(dy), PyArray_DIMS(x), nd) ||
+        !PyArray_IS_C_CONTIGUOUS(x) || !PyArray_IS_C_CONTIGUOUS(dy))
+        Py_RETURN_NOTIMPLEMENTED;
+    npy_intp d = PyArray_DIM(x, nd - 1);
+    if (d < 1 || !PyFloat_Check(args[3]))
+        Py_RETURN_NOTIMPLEMENTED;
+    double eps = PyFloat_AS_DOUBLE(args[3]);
+    if (!(eps >= 0.0 && eps <= DBL_MAX))
+        Py_RETURN_NOTIMPLEMENTED;
+
+    ln_job job;
+    memset(&job, 0, sizeof job);
+    job.op = rms ? LN_OP_RMS_NORM_BACKWARD : LN_OP_LAYER_NORM_BACKWARD;
+    job.dtype = wider(xt, dyt);
+    if (fast_param(args[2], d, &job.w, &job.dtype) < 0 || fast_stat(args[4], x, &job.mean) < 0)
+        Py_RETURN_NOTIMPLEMENTED;
+    if (rms)
+        memset(&job.mean, 0, sizeof job.mean); /* RMSNorm's ms is not needed */
+    job.d = (size_t)d;
+    job.n_rows = (size_t)(PyArray_SIZE(x) / d);
+    npy_intp x_isz = PyArray_ITEMSIZE(x), dy_isz = PyArray_ITEMSIZE(dy);
+    npy_intp isz = (npy_intp)ln_dtype_size(job.dtype);
+    job.x = (ln_operand){.ptr = PyArray_BYTES(x), .row = d * x_isz, .col = x_isz, .dtype = xt};
+    job.dy = (ln_operand){.ptr = PyArray_BYTES(dy), .row = d * dy_isz, .col = dy_isz,
+                          .dtype = dyt};
+    job.eps = (ln_operand){.ptr = (char *)&eps, .dtype = LN_F64};
+
+    PyObject *dx = PyArray_SimpleNew(nd, PyArray_DIMS(x), npy_type_of(job.dtype));
+    if (dx == NULL)
+        return NULL;
+    job.y = (ln_operand){.ptr = PyArray_BYTES((PyArrayObject *)dx), .row = d * isz,
+                         .col = isz, .dtype = job.dtype};
+    ln_acc dw, db;
+    memset(&db, 0, sizeof db); /* RMSNorm has no bias: db stays empty */
+    if (ln_acc_init(&dw, (size_t)d) != 0 || (!rms && ln_acc_init(&db, (size_t)d) != 0)) {
+        ln_acc_free(&dw);
+        Py_DECREF(dx);
+        return PyErr_NoMemory();
+    }
+    job.dw = &dw;
+    job.db = rms ? NULL : &db;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ln_batch_run(g_kernels, &job, call_threads());
+    Py_END_ALLOW_THREADS
+    PyObject *res = NULL;
+    if (rc == LN_ENOMEM) {
+        set_no_scratch(job.op);
+    } else {
+        ln_dtype ct = ln_compute_dtype(job.dtype);
+        PyObject *vw = acc_values(&dw, (size_t)d, ct);
+        PyObject *vb = rms || vw == NULL ? NULL : acc_values(&db, (size_t)d, ct);
+        if (vw && rms)
+            res = Py_BuildValue("(ON)", dx, vw);
+        else if (vw && vb)
+            res = Py_BuildValue("(ONN)", dx, vw, vb);
+        else
+            Py_XDECREF(vw);
+    }
+    ln_acc_free(&dw);
+    ln_acc_free(&db);
+    Py_DECREF(dx);
+    return res;
+}
+
 /* ---- settings ---------------------------------------------------------- */
 
 static PyObject *get_isa(PyObject *self, PyObject *noargs)
@@ -838,18 +988,61 @@ static PyObject *get_num_threads(PyObject *self, PyObject *noargs)
     return PyLong_FromLong(g_threads);
 }
 
-static PyObject *set_num_threads(PyObject *self, PyObject *arg)
+/* A thread count from lo to LN_MAX_THREADS as an int, or -1 with
+ * ValueError ("n: expected a thread <what> from lo to ..."). */
+static int thread_arg(PyObject *arg, long lo, const char *what)
 {
     long n = PyLong_AsLong(arg);
     if (n == -1 && PyErr_Occurred())
-        return NULL;
-    if (n < 1 || n > LN_MAX_THREADS) {
-        PyErr_Format(PyExc_ValueError, "n: expected a thread count from 1 to %d, got %ld",
-                     LN_MAX_THREADS, n);
-        return NULL;
+        return -1;
+    if (n < lo || n > LN_MAX_THREADS) {
+        PyErr_Format(PyExc_ValueError, "n: expected a thread %s from %ld to %d, got %ld", what,
+                     lo, LN_MAX_THREADS, n);
+        return -1;
     }
-    g_threads = (int)n;
+    return (int)n;
+}
+
+static PyObject *set_num_threads(PyObject *self, PyObject *arg)
+{
+    int n = thread_arg(arg, 1, "count");
+    if (n < 0)
+        return NULL;
+    g_threads = n;
     Py_RETURN_NONE;
+}
+
+/* _set_thread_limit(n) -> the previous limit: at most n threads for the
+ * calls made from the calling thread (0: no limit). */
+static PyObject *set_thread_limit(PyObject *self, PyObject *arg)
+{
+    int n = thread_arg(arg, 0, "limit");
+    if (n < 0)
+        return NULL;
+    int previous = t_thread_limit;
+    t_thread_limit = n;
+    return PyLong_FromLong(previous);
+}
+
+/* The thread setting as plain C functions, exported for threadpoolctl's
+ * controller (layernorm_c/_threadpool.py), which calls them through
+ * ctypes, as it does OpenBLAS's. set clamps n to 1..LN_MAX_THREADS. */
+#if defined(_WIN32)
+#define LN_EXPORT __declspec(dllexport)
+#else
+#define LN_EXPORT __attribute__((visibility("default")))
+#endif
+LN_EXPORT int layernorm_c_get_num_threads(void);
+LN_EXPORT void layernorm_c_set_num_threads(int n);
+
+LN_EXPORT int layernorm_c_get_num_threads(void)
+{
+    return g_threads;
+}
+
+LN_EXPORT void layernorm_c_set_num_threads(int n)
+{
+    g_threads = n < 1 ? 1 : n > LN_MAX_THREADS ? LN_MAX_THREADS : n;
 }
 
 static PyObject *thread_threshold(PyObject *self, PyObject *noargs)
@@ -867,6 +1060,9 @@ static PyMethodDef core_methods[] = {
     {"_backward", (PyCFunction)(void (*)(void))backward, METH_FASTCALL,
      "_backward(dy, x, weight, eps, mean, sums[, rms]) -> (dx, dweight_state, dbias_state): "
      "the LayerNorm backward, or RMSNorm's with rms true."},
+    {"_fast_backward", (PyCFunction)(void (*)(void))fast_backward, METH_FASTCALL,
+     "_fast_backward(dy, x, weight, eps, stat, rms): the common case of "
+     "layer_norm_backward (rms_norm_backward with rms true), or NotImplemented."},
     {"_acc_merge", (PyCFunction)(void (*)(void))acc_merge, METH_FASTCALL,
      "_acc_merge(a, b) -> the state of both exact sums together."},
     {"_acc_value", (PyCFunction)(void (*)(void))acc_value, METH_FASTCALL,
@@ -882,6 +1078,9 @@ static PyMethodDef core_methods[] = {
      "get_num_threads() -> int: the most threads one call may use."},
     {"set_num_threads", set_num_threads, METH_O,
      "set_num_threads(n): let one call use up to n threads."},
+    {"_set_thread_limit", set_thread_limit, METH_O,
+     "_set_thread_limit(n) -> int: at most n threads for this thread's calls (0: no "
+     "limit); returns the previous limit."},
     {"thread_threshold", thread_threshold, METH_NOARGS,
      "thread_threshold() -> int: input bytes below which a call never starts threads."},
     {NULL, NULL, 0, NULL},
@@ -902,6 +1101,18 @@ PyMODINIT_FUNC PyInit__core(void)
 
     g_isa = ln_isa_best();
     g_kernels = ln_kernels_for(g_isa);
+    for (int i = 0; i < LN_NISAS; i++) {
+        int op, dtype;
+        const ln_kernels *k = ln_kernels_for((ln_isa)i);
+        if (ln_kernels_missing(k, &op, &dtype)) {
+            PyErr_Format(PyExc_ImportError,
+                         "layernorm_c: the %s kernel table lacks the kernel of op %d, dtype "
+                         "%d (or its store_fence when -1): an entry missing in "
+                         "csrc/ln_level.h",
+                         k->name ? k->name : "?", op, dtype);
+            return NULL;
+        }
+    }
 
     PyObject *m = PyModule_Create(&core_module);
     if (m == NULL)

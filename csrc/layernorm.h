@@ -134,6 +134,23 @@ typedef struct {
     void (*store_fence)(void);
 } ln_kernels;
 
+/* Designated initializers leave a forgotten table entry NULL without a
+ * warning (-Wmissing-field-initializers does not see them), so the module
+ * checks every level's table at import: 1 and the first hole's (op, dtype)
+ * if one lacks a kernel (dtype -1: no store_fence), else 0. */
+static inline int ln_kernels_missing(const ln_kernels *k, int *op, int *dtype)
+{
+    for (int o = 0; o < LN_NOPS; o++)
+        for (int t = 0; t < LN_NDTYPES; t++)
+            if (k->op[o][t] == NULL) {
+                *op = o;
+                *dtype = t;
+                return 1;
+            }
+    *op = *dtype = -1;
+    return k->store_fence == NULL || k->name == NULL;
+}
+
 /* Instruction-set levels, from the reference to the widest. */
 typedef enum {
     LN_ISA_SCALAR = 0,   /* plain C, the reference of the contract */

@@ -67,6 +67,7 @@ void ln_acc_spill(ln_acc *a)
 
 void ln_acc_deposit_one(ln_acc *a, size_t j, double v)
 {
+    a->used = 1;
     if (isnan(v)) {
         a->flags[j] |= LN_ACC_NAN;
     } else if (isinf(v)) {
@@ -88,6 +89,14 @@ void ln_acc_deposit_one(ln_acc *a, size_t j, double v)
 
 void ln_acc_merge(ln_acc *dst, ln_acc *src)
 {
+    if (!dst->used && dst->d == src->d) {
+        ln_acc tmp = *dst;
+        *dst = *src;
+        *src = tmp;
+        dst->used = 1;
+        return;
+    }
+    dst->used = 1;
     dst->plain |= src->plain;
     ln_acc_spill(src);
     for (size_t j = 0; j < dst->d; j++) {
@@ -310,6 +319,7 @@ void ln_acc_export(ln_acc *a, uint64_t *words)
 
 void ln_acc_import(ln_acc *a, const uint64_t *words)
 {
+    a->used = 1;
     ln_acc_spill(a);
     for (size_t j = 0; j < a->d; j++) {
         const uint64_t *w = words + j * LN_ACC_STATE_WORDS;

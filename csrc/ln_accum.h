@@ -80,6 +80,8 @@ typedef struct {
     void *block;                       /* the memory of all of the above */
     int plain;                         /* benchmark baseline only: plain float64
                                         * sums in `huge`, in record order */
+    int used;                          /* anything deposited, merged or imported:
+                                        * while 0 the sums are all zero */
 } ln_acc;
 
 /* Allocate and zero (0, or -1 without memory); free. */
@@ -93,6 +95,7 @@ void ln_acc_spill(ln_acc *a);
 /* After a record's vector deposits into the lowest `levels` levels. */
 static inline void ln_acc_counted(ln_acc *a, int levels)
 {
+    a->used = 1;
     for (int l = LN_ACC_LEVELS - levels; l < LN_ACC_LEVELS; l++)
         a->count[l]++;
     if (a->count[LN_ACC_LEVELS - 1] >= LN_ACC_SPILL)
@@ -102,7 +105,9 @@ static inline void ln_acc_counted(ln_acc *a, int levels)
 /* One term of feature j on the scalar path (any value). */
 void ln_acc_deposit_one(ln_acc *a, size_t j, double v);
 
-/* dst += src, exactly (src is spilled first; both of the same d). */
+/* dst += src, exactly (src is spilled first; both of the same d). While
+ * dst is unused the two swap contents instead: the same sums, without the
+ * pass over d (a batch on one thread merges one worker into the job's). */
 void ln_acc_merge(ln_acc *dst, ln_acc *src);
 
 /* The sums, each rounded once to nearest even to `bits` significant bits:

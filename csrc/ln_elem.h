@@ -41,7 +41,7 @@ static inline LN_T LN_FN(affine)(LN_T v, const LN_P *w, const LN_P *b, size_t i)
     return v;
 }
 
-/* The backward (ln_contract.h, 6): g = dy * weight, rounded once (the
+/* The backward (ln_contract.h, 10): g = dy * weight, rounded once (the
  * batch layer passes ones for a layer without gain: dy * 1 is dy) ... */
 static inline LN_T LN_FN(gain_grad)(LN_T dy, const LN_P *w, size_t i)
 {

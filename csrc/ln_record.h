@@ -100,8 +100,12 @@ static void LN_FN(back_output)(const LN_S *x, const LN_S *dy, LN_S *dx, size_t d
         return;
     }
     LN_FN(back_apply)(x, dy, dx, d, w, hi, r, off, a, bm, dw, db, path);
-    if (path == LN_DEPOSIT_PLAIN)
+    if (path == LN_DEPOSIT_PLAIN) {
+        dw->used = 1; /* the plain path is the benchmark's, with both sums */
+        if (db)
+            db->used = 1;
         return;
+    }
     int levels = path == LN_DEPOSIT_3 ? 3 : 2;
     if (dw)
         ln_acc_counted(dw, levels);

@@ -30,6 +30,7 @@ from ._rms import (
     rms_norm_backward_ufunc,
     rms_norm_ufunc,
 )
+from ._threadpool import register_threadpoolctl
 from ._settings import (
     MAX_THREADS,
     get_isa,
@@ -45,6 +46,11 @@ __version__ = "0.1.0"
 # bfloat16 (ml_dtypes.bfloat16) when ml_dtypes is installed: the core's
 # loops for its type number. Without ml_dtypes this does nothing.
 _bf16.register()
+
+# threadpoolctl sees the kernel threads (now, or once it is imported).
+from . import _threadpool  # noqa: E402
+
+_threadpool._install()
 
 __all__ = [
     "layer_norm",
@@ -77,5 +83,6 @@ __all__ = [
     "set_num_threads",
     "thread_threshold",
     "MAX_THREADS",
+    "register_threadpoolctl",
     "__version__",
 ]

@@ -5,7 +5,9 @@ record normalized alone and inside a batch of 100 comparing bit for bit, and
 prints a short speed comparison against the NumPy reference.
 
 ``python -m layernorm_c audit module:function`` validates another LayerNorm
-implementation (see ``layernorm_c.testing``).
+implementation (see ``layernorm_c.testing``); ``python -m layernorm_c
+normalize IN OUT`` normalizes a .npy file or zarr store larger than memory
+(see ``docs/out-of-core.rst``).
 """
 from __future__ import annotations
 
@@ -94,8 +96,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from .testing._cli import main as audit_main
 
         return audit_main(argv[1:])
+    if argv and argv[0] == "normalize":
+        from ._normalize import main as normalize_main
+
+        return normalize_main(argv[1:])
     if argv:
-        print("usage: python -m layernorm_c [audit module:function ...]", file=sys.stderr)
+        print("usage: python -m layernorm_c [audit module:function ... | normalize IN OUT ...]",
+              file=sys.stderr)
         return 2
     ok = show_worked_examples()
     ok = show_batch_independence() and ok

@@ -386,6 +386,8 @@ def layer_norm(
         res = _core._fast(x, weight, bias, eps, out, return_stats)
         if res is not NotImplemented:
             return LayerNormResult(*res) if return_stats else res
+    if _lazy.kind(x, weight, bias) is not None:  # dask or xarray: a lazy graph
+        return _lazy.layer_norm(x, weight, bias, eps, axis, out, return_stats)  # type: ignore[no-any-return]
 
     plan = _plan(x, axis)
     xa = plan.x
@@ -415,3 +417,7 @@ def layer_norm(
     if want_stats:
         return LayerNormResult(y, mean, var)
     return y
+
+
+# dask arrays and xarray DataArrays (imported last: _lazy uses the helpers above)
+from . import _lazy  # noqa: E402

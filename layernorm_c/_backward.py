@@ -15,7 +15,7 @@ from typing import Any, NamedTuple, Optional, Tuple
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from . import _core
+from . import _core, _lazy
 from ._api import (
     AxisLike,
     EpsLike,
@@ -142,7 +142,10 @@ def _backward_parts(dy: object, x: object, weight: object, eps: object, axis: ob
     _stat_arg(var, "var", plan)  # checked; the pass over x refines the variance itself
     dtype = _result_dtype(xa, [(dy, dya), (weight, w)])
     d = math.prod(plan.norm_shape)
-    w1 = None if w is None else _native(np.ascontiguousarray(w).reshape(d))
+    # The weight in the result dtype: a weak Python scalar weight must not
+    # widen the computation (nor change dweight's bits).
+    w1 = None if w is None else _native(np.ascontiguousarray(w.astype(dtype, copy=False))
+                                        .reshape(d))
     dx2, sw, sb = _core._backward(_as_rows(dya, plan), _as_rows(xa, plan), w1, eps, m, sums)
     dx2 = dx2.astype(dtype, copy=False)
     moved = dx2.reshape(plan.lead_shape + plan.norm_shape)
@@ -239,6 +242,14 @@ def layer_norm_backward(
     >>> bool(np.abs(g.dx).max() < 1e-15), g.dbias
     (True, array([1., 1., 1., 1.]))
     """
+    if type(axis) is int and axis == -1 and var is None:
+        # The common case, done in C with the sums rounded there, or
+        # NotImplemented when anything needs the general path below.
+        res = _core._fast_backward(dy, x, weight, eps, mean, False)
+        if res is not NotImplemented:
+            return LayerNormGrads(*res)
+    if _lazy.kind(dy, x, weight, mean, var) is not None:  # dask or xarray: a lazy graph
+        return _lazy.layer_norm_backward(dy, x, weight, eps, axis, mean, var)  # type: ignore[no-any-return]
     dx, acc_w, acc_b, plan = _backward_parts(dy, x, weight, eps, axis, mean, var)
     gdt = _grad_dtype(dx.dtype)
     assert acc_w is not None and acc_b is not None

@@ -11,7 +11,7 @@ from typing import Any, Literal, NamedTuple, Optional, Tuple, Union, overload
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from . import _core
+from . import _core, _lazy
 from ._api import (
     AxisLike,
     EpsLike,
@@ -164,6 +164,8 @@ def rms_norm(
         res = _core._fast_rms(x, weight, eps, out, return_stats)
         if res is not NotImplemented:
             return RMSNormResult(*res) if return_stats else res
+    if _lazy.kind(x, weight) is not None:  # dask or xarray: a lazy graph
+        return _lazy.rms_norm(x, weight, eps, axis, out, return_stats, convention)  # type: ignore[no-any-return]
 
     plan = _plan(x, axis)
     xa = plan.x
@@ -173,7 +175,10 @@ def rms_norm(
     dtype = _result_dtype(xa, [(weight, w)])
     if out is not None:
         _check_out(out, xa.shape, dtype)
-    scale = _scale(w, dtype, plus_one) if plus_one else w
+    # The weight in the result dtype, as layer_norm casts its parameters: a
+    # Python scalar weight is weak and must not widen the computation.
+    scale = _scale(w, dtype, plus_one) if plus_one else \
+        None if w is None else w.astype(dtype, copy=False)
     if len(plan.axes) == 1 and plan.axes[0] == xa.ndim - 1 and scale is not None:
         # The scale is in the computation's type: the result keeps x's
         # dtype when that is the result dtype.
@@ -218,12 +223,15 @@ def _rms_backward_parts(dy: object, x: object, weight: object, eps: object, axis
     from ._backward import _stat_arg
     _stat_arg(ms, "ms", plan)  # checked; the pass over x recomputes it exactly
     dtype = _result_dtype(xa, [(dy, dya), (weight, w)])
-    scale = _scale(w, dtype, plus_one) if plus_one else w
+    # (in the result dtype, as in rms_norm: a weak scalar weight stays weak)
+    scale = _scale(w, dtype, plus_one) if plus_one else \
+        None if w is None else w.astype(dtype, copy=False)
     d = math.prod(plan.norm_shape)
     s1 = None if scale is None else _native(np.ascontiguousarray(scale).reshape(d))
     dx2, sw, _ = _core._backward(_as_rows(dya, plan), _as_rows(xa, plan), s1, eps, None, True,
                                  True)
-    moved = dx2.astype(dtype, copy=False).reshape(plan.lead_shape + plan.norm_shape)
+    with np.errstate(over="ignore"):  # an overflow to inf, as the kernels write it silently
+        moved = dx2.astype(dtype, copy=False).reshape(plan.lead_shape + plan.norm_shape)
     dx = moved.transpose(tuple(int(i) for i in np.argsort(plan.perm)))
     if not (xa.flags.c_contiguous and plan.perm == tuple(range(xa.ndim))):
         dx = _like(xa, dx)
@@ -276,6 +284,13 @@ def rms_norm_backward(
     >>> g.dweight
     array([0.84852814, 1.13137085])
     """
+    if type(axis) is int and axis == -1 and type(convention) is str and convention == "weight":
+        # The common case in C (see layer_norm_backward).
+        res = _core._fast_backward(dy, x, weight, eps, ms, True)
+        if res is not NotImplemented:
+            return RMSNormGrads(*res)
+    if _lazy.kind(dy, x, weight, ms) is not None:  # dask or xarray: a lazy graph
+        return _lazy.rms_norm_backward(dy, x, weight, eps, axis, ms, convention)  # type: ignore[no-any-return]
     dx, sw, _ = _rms_backward_parts(dy, x, weight, eps, axis, ms, convention)
     assert sw is not None
     return RMSNormGrads(dx, sw.value(_grad_dtype(dx.dtype)))

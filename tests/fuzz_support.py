@@ -55,8 +55,16 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import layernorm_c as lnc
-from cases import (BLOCK, BOUNDARY_D, F64, FLOAT_DTYPES, FUZZ_LAYOUTS, LANES, STATS_TOL, Y_TOL,
-                   with_layout)
+from cases import (BLOCK, BOUNDARY_D, F32, F64, FLOAT_DTYPES, FUZZ_LAYOUTS, LANES, STATS_TOL,
+                   Y_TOL, with_layout)
+from layernorm_c import _bf16
+
+#: ml_dtypes.bfloat16's dtype when layernorm_c registered its loops for it
+#: (ml_dtypes installed), else None: the strategies then never draw it.
+BF16: Optional[np.dtype] = _bf16.BFLOAT16
+#: A bfloat16 result is off from the exact value by at most half a unit in
+#: its 8th bit, relative (its unit roundoff).
+BF16_UNIT = 2.0**-8
 
 AxisError = getattr(getattr(np, "exceptions", np), "AxisError")
 
@@ -129,8 +137,11 @@ def _string_dtype():
 
 
 float_dtypes = hnp.floating_dtypes(endianness="?", sizes=(16, 32, 64))
+#: The float dtypes the kernels compute, and bfloat16 when it is registered.
+kernel_dtypes = weighted((6, float_dtypes), (1 if BF16 is not None else 0, st.just(BF16)))
 real_dtypes = weighted(
     (12, float_dtypes),
+    (2 if BF16 is not None else 0, st.just(BF16)),
     (2, hnp.integer_dtypes(endianness="?")),
     (2, hnp.unsigned_integer_dtypes(endianness="?")),
     (1, hnp.boolean_dtypes()),
@@ -151,21 +162,62 @@ any_dtype = weighted(
 )
 
 
+def is_bf16(dt) -> bool:
+    """True for ml_dtypes.bfloat16 (registered with layernorm_c)."""
+    return BF16 is not None and dt is not None and np.dtype(dt) == BF16
+
+
+def is_float(dt) -> bool:
+    """A dtype the kernels compute: float16/32/64, bfloat16 when registered."""
+    return dt is not None and ((dt.kind == "f" and dt.itemsize <= 8) or is_bf16(dt))
+
+
 def is_real(dt: np.dtype) -> bool:
-    """A dtype layer_norm accepts: bool, integers, float16/32/64."""
-    return dt.kind in "biu" or (dt.kind == "f" and dt.itemsize <= 8)
+    """A dtype layer_norm accepts: bool, integers, float16/32/64, bfloat16
+    (when registered)."""
+    return dt.kind in "biu" or is_float(dt)
+
+
+def finfo(dt: np.dtype):
+    """np.finfo, or ml_dtypes' for bfloat16."""
+    if is_bf16(dt):
+        import ml_dtypes
+        return ml_dtypes.finfo(dt)
+    return np.finfo(dt)
 
 
 def compute_dtype(*dts) -> np.dtype:
-    """layer_norm's documented result dtype (integers and bool as float64)."""
-    return np.result_type(*[F64 if dt.kind in "biu" else dt.newbyteorder("=")
-                            for dt in dts if dt is not None])
+    """layer_norm's documented result dtype (integers and bool as float64;
+    bfloat16 alone stays bfloat16, with other floats it is float32)."""
+    dts = [F64 if dt.kind in "biu" else dt.newbyteorder("=") for dt in dts if dt is not None]
+    if any(is_bf16(dt) for dt in dts):
+        others = [dt for dt in dts if not is_bf16(dt)]
+        return np.result_type(F32, *others) if others else BF16
+    return np.result_type(*dts)
+
+
+def widen_bf16(a):
+    """A bfloat16 array as float32 (exact); anything else as it is."""
+    if isinstance(a, np.ndarray) and is_bf16(a.dtype):
+        return a.astype(F32)
+    return a
+
+
+def same_bits(a, b) -> bool:
+    """Same shape, dtype and bits (native byte order)."""
+    a, b = np.asarray(a), np.asarray(b)
+    if a.shape != b.shape or a.dtype.newbyteorder("=") != b.dtype.newbyteorder("="):
+        return False
+    a = a if a.dtype.isnative else a.astype(a.dtype.newbyteorder("="))
+    b = b if b.dtype.isnative else b.astype(b.dtype.newbyteorder("="))
+    u = f"u{a.dtype.itemsize}"
+    return np.array_equal(np.ascontiguousarray(a).view(u), np.ascontiguousarray(b).view(u))
 
 
 # --------------------------------------------------------------------- values
 
 def _special_values(dt: np.dtype):
-    fi = np.finfo(dt)
+    fi = finfo(dt)
     return [0.0, -0.0, math.nan, math.inf, -math.inf, float(fi.max), -float(fi.max),
             float(fi.smallest_subnormal), -float(fi.smallest_subnormal),
             float(fi.smallest_normal), 1.0, -1.0]
@@ -182,7 +234,7 @@ def float_values(draw, shape, dt: np.dtype):
         width = 8 * dt.itemsize
         return draw(hnp.arrays(F64, shape, elements=st.floats(width=width)))
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
-    fi = np.finfo(dt)
+    fi = finfo(dt)
     with np.errstate(all="ignore"):
         if kind in ("normal", "hyp"):
             a = rng.standard_normal(size)
@@ -209,7 +261,7 @@ def float_values(draw, shape, dt: np.dtype):
 def values_of(draw, shape, dt: np.dtype) -> np.ndarray:
     """A C-contiguous array of `shape` and `dt` (any dtype, any byte order)."""
     native = dt.newbyteorder("=") if dt.byteorder not in "|=" else dt
-    if dt.kind == "f" and dt.itemsize <= 8:
+    if is_float(dt):
         with np.errstate(all="ignore"):
             a = draw(float_values(shape, native)).astype(dt)
         return a
@@ -429,11 +481,12 @@ def error_bound(X, W, B, eps, ref_mean, ref_var, cdt: np.dtype, odt: np.dtype,
         ill |= finite_in & ~finite_rec
         z = (X - ref_mean[:, None]) * rstd[:, None]
         zw = np.abs(z * W1)
-        T = max(Y_TOL[cdt if cdt in Y_TOL else F64], Y_TOL[odt] if odt in Y_TOL else 0)
+        T = max(Y_TOL[cdt if cdt in Y_TOL else F64],
+                Y_TOL[odt] if odt in Y_TOL else BF16_UNIT if is_bf16(odt) else 0)
         tol = T * (1 + zw + np.abs(B0)) \
             + (e_mean * rstd)[:, None] * np.abs(W1) \
             + zw * (e_var / (2 * s))[:, None]
-        fin_o = float(np.finfo(odt).max) if odt.kind == "f" else np.inf
+        fin_o = float(finfo(odt).max) if is_float(odt) else np.inf
         fin_c = float(np.finfo(cdt).max)
         big = (np.abs(ref_y) > 0.5 * fin_o) | (zw > 0.5 * fin_c) | (np.abs(B0) > 0.5 * fin_c)
     finite_ref = np.isfinite(ref_y)

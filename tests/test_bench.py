@@ -1,13 +1,17 @@
-"""The benchmark script runs and writes its tables and plot.
+"""The benchmark script runs, checks what it times and writes its tables.
 
 These tests run ``benchmarks/bench.py --quick`` in-process (imported from
 its file path) into a temporary directory. They check what was produced,
-never how fast anything was.
+that missing peers are skipped with a reason and that a wrong result is
+never timed; never how fast anything was.
 """
 import importlib.util
 import json
+import os
 import shutil
 import sys
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +21,7 @@ import layernorm_c as lnc
 from cases import WORKED_EXAMPLES
 
 BENCH_PATH = Path(__file__).resolve().parent.parent / "benchmarks" / "bench.py"
-IMPLEMENTATIONS = ("copy", "layernorm_c", "layernorm_c out=", "NumPy", "torch")
+PEER_MODULES = ("torch", "onnxruntime", "onnx", "openvino", "jax")
 
 
 @pytest.fixture(scope="module")
@@ -32,55 +36,33 @@ def bench():
         sys.modules.pop(spec.name, None)
 
 
-def _torch_available():
+def _installed(name):
     try:
-        import torch  # noqa: F401
-    except ImportError:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
         return False
-    return True
 
 
 def _run_quick(bench, out_dir, *extra):
     threads_before = bench.lnc.get_num_threads()
+    affinity_before = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
     assert bench.main(["--quick", "--out-dir", str(out_dir), *extra]) == 0
     assert bench.lnc.get_num_threads() == threads_before, "thread setting not restored"
+    if affinity_before is not None:
+        assert os.sched_getaffinity(0) == affinity_before, "CPU affinity not restored"
     return json.loads((out_dir / "results.json").read_text(encoding="utf-8"))
 
 
+@pytest.fixture(scope="module")
+def quick(bench, tmp_path_factory):
+    """One --quick run with every op, dtype and peer: (out_dir, results)."""
+    out = tmp_path_factory.mktemp("bench-quick")
+    return out, _run_quick(bench, out)
+
+
 def _table_lines(md_text):
-    """The rows of the main markdown table (shape cells start with '(')."""
+    """The rows of the markdown tables (shape cells start with '(')."""
     return [line for line in md_text.splitlines() if line.startswith("| (")]
-
-
-def _check_outputs(bench, out_dir, data):
-    md = (out_dir / "results.md").read_text(encoding="utf-8")
-    rst = (out_dir / "bench_table.inc").read_text(encoding="utf-8")
-    png = (out_dir / "bench.png").read_bytes()
-    assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 1000
-
-    header = "| " + " | ".join(bench.TABLE_HEADER) + " |"
-    assert header in md
-    for text in (md, rst):
-        for label in IMPLEMENTATIONS:
-            assert label in text
-        for shape in bench.QUICK_SHAPES:
-            assert bench.fmt_shape(shape) in text
-        for dtype in bench.DTYPES:
-            assert dtype in text
-        assert "Small-call latency" in text and "Peak extra memory" in text
-        assert bench.lnc.get_isa() in text
-
-    threads = bench.parse_threads("1,all")
-    expected = len(bench.QUICK_SHAPES) * len(bench.DTYPES) * len(threads)
-    assert len(data["cases"]) == expected
-    assert len(_table_lines(md)) == expected
-    assert rst.count("   * - (") == expected
-    for case in data["cases"]:
-        for name in ("copy", "lnc", "lnc_out", "numpy"):
-            assert case["seconds"][name] > 0, (case, name)
-    assert data["latency"]["us"]["lnc"] > 0
-    assert data["memory"]["rows"]["lnc"]["traced"] is not None
-    return md
 
 
 def _rst_is_valid(text):
@@ -90,71 +72,257 @@ def _rst_is_valid(text):
                                                             "report_level": 2})
 
 
-def test_quick_run_writes_tables_and_plot(bench, tmp_path):
-    data = _run_quick(bench, tmp_path)
-    md = _check_outputs(bench, tmp_path, data)
-    _rst_is_valid((tmp_path / "bench_table.inc").read_text(encoding="utf-8"))
-    torch_times = [c["seconds"]["torch"] for c in data["cases"]]
-    if _torch_available():
-        assert data["machine"]["torch"] != "not installed"
-        # float32 always has a CPU kernel; float16 may be n/a, with a reason.
-        assert all(c["seconds"]["torch"] for c in data["cases"] if c["dtype"] == "float32")
-        for c in data["cases"]:
-            assert c["seconds"]["torch"] or c["notes"].get("torch")
-    else:
-        assert torch_times == [None] * len(torch_times)
-        assert "torch not installed" in md
+def _dtypes_run(bench):
+    return [d for d in bench.DTYPES if d != "bfloat16" or _installed("ml_dtypes")]
 
 
-def test_quick_run_without_torch_reports_na(bench, tmp_path):
-    data = _run_quick(bench, tmp_path, "--no-torch")
-    md = _check_outputs(bench, tmp_path, data)
-    assert data["machine"]["torch"] == "not installed"
-    assert all(c["seconds"]["torch"] is None for c in data["cases"])
-    torch_column = bench.TABLE_HEADER.index("torch")
-    for line in _table_lines(md):
-        cells = [c.strip() for c in line.strip("|").split("|")]
-        assert cells[torch_column] == "n/a"
-        assert cells[bench.TABLE_HEADER.index("× torch")] == "n/a"
+def test_quick_run_writes_every_table_and_the_plot(bench, quick):
+    out, data = quick
+    md = (out / "results.md").read_text(encoding="utf-8")
+    png = (out / "bench.png").read_bytes()
+    assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 1000
+    rst = {op: (out / ("bench_table.inc" if op == "layer_norm" else f"bench_{op}.inc"))
+           .read_text(encoding="utf-8") for op in bench.OPS}
+    for op, text in rst.items():
+        _rst_is_valid(text)
+        assert op in text and "not measured" not in text
+    assert "Small-call latency" in rst["layer_norm"] and "Peak extra memory" in rst["layer_norm"]
+    assert bench.lnc.get_isa() in rst["layer_norm"] and "quick run" in md
+
+    dtypes, threads = _dtypes_run(bench), bench.parse_threads("1,all")
+    per_op = len(bench.QUICK_SHAPES) * len(dtypes) * len(threads)
+    assert len(data["cases"]) == per_op * len(bench.OPS)
+    # Each case: one row in its op's ratio table and one in its medians table.
+    assert len(_table_lines(md)) == 2 * len(data["cases"])
+    for op, text in rst.items():
+        assert text.count("   * - (") == per_op
+        for shape in bench.QUICK_SHAPES:
+            assert bench.fmt_shape(shape) in text
+        for dtype in dtypes:
+            assert dtype in text
+    for case in data["cases"]:
+        op = bench.OPS[case["op"]]
+        own = ["floor", "floor_alloc", "lnc"] + ([] if op.backward else ["lnc_out"])
+        for key in own:
+            assert case["seconds"][key] > 0, (case, key)
+        for key in bench.PEERS:
+            if key in op.peers:
+                # A peer is timed, or the table says why not.
+                assert case["seconds"][key] or case["notes"].get(key), (case, key)
+            else:
+                assert key not in case["seconds"]
+        for key, worst in case["errors"].items():
+            if case["seconds"].get(key):
+                assert worst <= 1, (case, key)
+    assert data["latency"]["us"]["lnc"] > 0 and data["latency"]["us"]["lnc_ufunc"] > 0
+    assert data["memory"]["rows"]["lnc"]["traced"] is not None
+
+
+@pytest.mark.parametrize("peer", ["torch", "onnxruntime", "openvino", "jax"])
+def test_an_installed_peer_is_timed_in_float32(bench, quick, peer):
+    if not _installed(peer) or (peer == "onnxruntime" and not _installed("onnx")):
+        pytest.skip(f"{peer} not installed")
+    _, data = quick
+    assert data["machine"]["versions"][peer][0].isdigit()
+    for case in data["cases"]:
+        if case["dtype"] == "float32" and case["op"] == "layer_norm":
+            assert case["seconds"][peer] > 0, case["notes"].get(peer)
+
+
+def test_missing_peers_are_skipped_with_a_reason(bench, tmp_path, monkeypatch):
+    for name in PEER_MODULES:  # an import of a None entry raises ImportError
+        monkeypatch.setitem(sys.modules, name, None)
+    data = _run_quick(bench, tmp_path, "--ops", "layer_norm,rms_norm_backward",
+                      "--dtypes", "float32")
+    md = (tmp_path / "results.md").read_text(encoding="utf-8")
+    for peer in ("torch", "onnxruntime", "openvino", "jax"):
+        assert "not installed" in data["machine"]["versions"][peer]
+    for case in data["cases"]:
+        assert case["seconds"]["numpy"] > 0
+        for peer in bench.OPS[case["op"]].peers:
+            if peer != "numpy":
+                assert case["seconds"][peer] is None
+                assert "not installed" in case["notes"][peer]
+    assert "torch n/a (all cases): torch not installed" in md
+    assert "onnxruntime n/a (all cases): onnx not installed" in md
+    header = next(line for line in md.splitlines() if line.startswith("| shape"))
+    col = [c.strip() for c in header.strip("|").split("|")].index("torch/lnc")
+    for line in _table_lines(md)[:2]:
+        assert [c.strip() for c in line.strip("|").split("|")][col] == "n/a"
     assert data["latency"]["us"]["torch"] is None
     assert data["memory"]["rows"]["torch"] == {"traced": None, "rss": None}
 
 
-def test_numpy_reference_formula(bench):
+def test_loading_openvino_sends_no_telemetry():
+    """Importing openvino sends a usage event through openvino_telemetry
+    unless the user opted out: the benchmark loads it with the telemetry
+    module blocked, so openvino falls back to its silent stub."""
+    if not _installed("openvino"):
+        pytest.skip("openvino not installed")
+    from subprocess_support import run_python
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); from benchlib import impls; "
+            "impls.Peers(['openvino']).get('openvino'); "
+            "import openvino.tools.ovc.telemetry_utils as t; "
+            "print('openvino_telemetry' in sys.modules, t.tm.__name__)")
+    proc = run_python(["-c", code, str(BENCH_PATH.parent)], timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["False", "openvino.tools.ovc.telemetry_stub"]
+
+
+def test_a_selection_runs_only_what_was_asked(bench, tmp_path):
+    data = _run_quick(bench, tmp_path, "--ops", "layer_norm_backward", "--dtypes", "float64",
+                      "--shapes", "5x48", "--peers", "numpy", "--threads", "1",
+                      "--no-memory", "--no-latency")
+    assert [(c["op"], c["shape"], c["dtype"], c["threads"]) for c in data["cases"]] == [
+        ("layer_norm_backward", [5, 48], "float64", 1)]
+    assert set(data["cases"][0]["seconds"]) == {"floor", "floor_alloc", "lnc", "numpy"}
+    assert data["config"]["mode"] == "custom"
+    assert "not measured in this run" in (tmp_path / "bench_rms_norm.inc").read_text("utf-8")
+    assert data["memory"] is None and data["latency"] is None
+
+
+def _inputs(bench, op, shape=(8, 32), dtype="float32"):
+    inp = bench.make_inputs(*bench.float32_data(shape), dtype)
+    return inp, bench.reference(bench.OPS[op], inp)
+
+
+def test_a_wrong_or_failing_peer_is_reported_not_timed(bench):
+    op = bench.OPS["layer_norm"]
+    inp, ref = _inputs(bench, "layer_norm")
+    y = lnc.layer_norm(inp.x, inp.w, inp.b, op.eps)
+
+    def broken():
+        raise RuntimeError("no kernel\nsecond line")
+
+    extra = {"torch": bench.Impl(lambda: y + 1e-2), "jax": bench.Impl(broken),
+             "numpy": bench.Impl(lambda: y)}
+    ready, notes, errors = bench.prepare(op, inp, ref, 1, ["lnc", "torch", "jax", "numpy"],
+                                         bench.Peers([]), extra)
+    assert set(ready) == {"lnc", "numpy"}
+    assert notes["torch"].startswith("disagrees with the float64 reference")
+    assert errors["torch"] > 1 and errors["lnc"] <= 1
+    assert notes["jax"] == "failed: RuntimeError: no kernel"
+    with pytest.raises(RuntimeError, match="layernorm_c"):
+        bench.prepare(op, inp, ref, 1, ["lnc"], bench.Peers([]),
+                      {"lnc": bench.Impl(lambda: y * 1.01)})
+
+
+@pytest.mark.parametrize("op", ["layer_norm", "layer_norm_backward", "rms_norm",
+                                "rms_norm_backward"])
+def test_check_accepts_layernorm_c_and_rejects_a_perturbed_result(bench, op):
+    spec = bench.OPS[op]
+    inp, ref = _inputs(bench, op, shape=(300, 64))
+    impl = bench.build("lnc", spec, inp, 1, bench.Peers([]))
+    got = impl.outputs(impl.call())
+    assert bench.check(spec, ref, got, inp) <= 1
+    assert bench.check(spec, ref, (got[0] * 1.001,) + tuple(got[1:]), inp) > 1
+    if spec.backward:  # the parameter gradients are checked too, over all records
+        for i in range(1, len(got)):
+            wrong = list(got)
+            wrong[i] = got[i] + 1e-3 * np.abs(got[i]).max()
+            assert bench.check(spec, ref, wrong, inp) > 1
+    with pytest.raises(ValueError, match="shape"):
+        bench.check(spec, ref, (got[0][:-1],) + tuple(got[1:]), inp)
+
+
+def test_numpy_formulas_agree_with_the_float64_reference(bench):
     x = np.array([example.row for example in WORKED_EXAMPLES])
-    y = bench.numpy_layer_norm(x, np.ones(4), np.zeros(4), eps=0.0)
+    y = bench._impls.numpy_layer_norm(x, np.ones(4), np.zeros(4), eps=0.0)
     np.testing.assert_allclose(y, lnc.reference_layer_norm(x, eps=0.0).y, rtol=1e-15, atol=0)
     for got, example in zip(y, WORKED_EXAMPLES):
         np.testing.assert_allclose(got, example.y, rtol=0, atol=0.5 * 10.0 ** -example.decimals)
-    assert bench.numpy_layer_norm(x.astype(np.float32), np.ones(4, np.float32),
-                                  np.zeros(4, np.float32)).dtype == np.float32
+    for op in bench.OPS:
+        inp, ref = _inputs(bench, op, shape=(20, 48), dtype="float64")
+        impl = bench._impls._numpy(bench.OPS[op], inp)
+        assert bench.check(bench.OPS[op], ref, impl.outputs(impl.call()), inp) <= 1
+        probe, fraction = impl.probe  # the same formula on the first rows
+        assert impl.outputs(probe())[0].shape == (round(20 * fraction), 48)
 
 
-def test_benchmark_refuses_an_implementation_that_disagrees(bench):
-    x, w, b = bench.make_inputs((8, 32), "float32")
-    good = bench.lnc.layer_norm(x, w, b, bench.EPS)
-    bench.check_agreement("layernorm_c", good, x, w, b, "float32")
-    with pytest.raises(RuntimeError, match="disagrees"):
-        bench.check_agreement("wrong", good + 1e-2, x, w, b, "float32")
+def test_the_backward_floor_moves_the_backward_traffic(bench):
+    op = bench.OPS["layer_norm_backward"]
+    inp = bench.make_inputs(*bench.float32_data((4, 8)), "float16")
+    floor = bench.build("floor_alloc", op, inp, 1, bench.Peers([]))
+    dx = floor.call()  # an integer add of the bits: reads x and dy, writes dx
+    assert dx.shape == inp.x.shape and dx.itemsize == inp.x.itemsize
+    bits = inp.x.view(np.uint16).astype(np.uint32) + inp.dy.view(np.uint16)
+    np.testing.assert_array_equal(dx, (bits & 0xFFFF).astype(np.uint16))
+
+
+def test_a_slow_formula_is_not_timed(bench):
+    op = bench.OPS["layer_norm"]
+    inp, ref = _inputs(bench, "layer_norm", shape=(64, 256))
+    _, notes, _ = bench.prepare(op, inp, ref, 1, ["numpy"], bench.Peers(["numpy"]),
+                                max_call=1e-9)
+    assert notes["numpy"].startswith("not timed: a call would take over")
+    ready, notes, _ = bench.prepare(op, inp, ref, 1, ["numpy"], bench.Peers(["numpy"]),
+                                    max_call=60.0)
+    assert "numpy" in ready and not notes
 
 
 def test_timing_helpers_count_calls(bench):
     calls = []
-    loops = bench.calibrate(lambda: calls.append(1), min_time=1e-4)
-    assert loops >= 1 and len(calls) >= loops
-    medians = bench.measure({"a": lambda: None, "b": lambda: None}, repeats=3, min_time=1e-5)
-    assert set(medians) == {"a", "b"} and all(t >= 0 for t in medians.values())
+    loops, per_call = bench._timing.calibrate(lambda: calls.append(1), min_time=1e-4)
+    assert loops >= 1 and len(calls) >= loops and per_call * loops >= 1e-4
+    counts = {"a": 0, "b": 0, "slow": 0}
+
+    def count(name, seconds=0.0):
+        def call():
+            counts[name] += 1
+            if seconds:
+                time.sleep(seconds)
+        return call
+
+    medians = bench.measure({"a": count("a"), "b": count("b"), "slow": count("slow", 0.02)},
+                            repeats=5, min_time=1e-3, slow=0.01, slow_repeats=2)
+    assert set(medians) == {"a", "b", "slow"} and all(t > 0 for t in medians.values())
+    # One call per measurement for the slow one: 1 calibration + 1 more.
+    assert counts["slow"] == 2 and counts["a"] > 5 and medians["slow"] >= 0.02
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity here")
+def test_pin_moves_every_thread_of_the_process(bench):
+    before = os.sched_getaffinity(0)
+    started, stop = threading.Event(), threading.Event()
+    tid = []
+
+    def worker():
+        tid.append(threading.get_native_id())
+        started.set()
+        stop.wait(10)
+
+    t = threading.Thread(target=worker)
+    t.start()
+    started.wait(10)
+    try:
+        one = min(before)
+        assert bench.pin([one])
+        assert os.sched_getaffinity(tid[0]) == {one} and os.sched_getaffinity(0) == {one}
+    finally:
+        bench.pin(sorted(before))
+        stop.set()
+        t.join()
+    assert os.sched_getaffinity(0) == before
 
 
 def test_command_line_parsers(bench):
     assert bench.parse_shapes("64x768,1000000x16") == [(64, 768), (1_000_000, 16)]
     assert bench.parse_threads("1,1,2") == [1, 2]
-    assert bench.parse_threads("all") == [bench.usable_cpus()]
+    assert bench.parse_threads("all") == [len(bench.usable_cpus())]
     cfg = bench.make_config(bench.parse_args(["--quick", "--dtypes", "float16"]))
     assert cfg.dtypes == ["float16"] and cfg.shapes == bench.QUICK_SHAPES and cfg.quick
     assert cfg.mode == "custom"
     assert bench.make_config(bench.parse_args(["--quick"])).mode == "quick"
-    assert bench.make_config(bench.parse_args([])).mode == "full"
+    full = bench.make_config(bench.parse_args([]))
+    assert full.mode == "full" and list(full.ops) == list(bench.OPS)
+    assert full.peers == list(bench.PEERS) and list(full.dtypes) == list(bench.DTYPES)
+    assert (16384, 4096) in full.shapes and (1_000_000, 64) in full.shapes
+    assert "torch" not in bench.make_config(bench.parse_args(["--no-torch"])).peers
+    assert bench.make_config(bench.parse_args(["--peers", "jax,numpy"])).peers == ["jax", "numpy"]
+    for bad in (["--ops", "layer_nrm"], ["--dtypes", "int8"], ["--peers", "tensorflow"],
+                ["--shapes", "64"], ["--shapes", "0x8"]):
+        with pytest.raises(SystemExit):
+            bench.parse_args(bad)
 
 
 def test_quick_mode_never_writes_into_the_repository(bench):
@@ -164,4 +332,5 @@ def test_quick_mode_never_writes_into_the_repository(bench):
     shutil.rmtree(paths["md"].parent)  # the fresh, empty temp dir
     full = bench.output_paths(bench.parse_args([]))
     assert full["rst"] == bench.REPO / "docs" / "bench_table.inc"
+    assert full["rst_rms_norm"] == bench.REPO / "docs" / "bench_rms_norm.inc"
     assert full["png"] == bench.REPO / "docs" / "_static" / "bench.png"

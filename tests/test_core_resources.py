@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import layernorm_c as lnc
+from layernorm_c import _bf16
 from cases import FLOAT_DTYPES, LAYOUTS, WRITABLE_LAYOUTS, layout_1d, native, with_layout
 from core_strategies import (WB_COMBOS, assert_same_bits, assert_same_result, problems,
                              random_params, random_records)
@@ -19,7 +20,10 @@ from core_strategies import (WB_COMBOS, assert_same_bits, assert_same_result, pr
 
 # ------------------------------------------------------------ inputs
 
-_INPUT_DTYPES = FLOAT_DTYPES + (np.dtype(np.int32), np.dtype(np.bool_))
+#: float16/32/64, bfloat16 when ml_dtypes is installed, and what is
+#: computed in float64.
+_INPUT_DTYPES = FLOAT_DTYPES + ((_bf16.BFLOAT16,) if _bf16.BFLOAT16 is not None else ()) + \
+    (np.dtype(np.int32), np.dtype(np.bool_))
 
 
 @given(x_dtype=st.sampled_from(_INPUT_DTYPES), p_dtype=st.sampled_from(_INPUT_DTYPES),
@@ -38,6 +42,46 @@ def test_inputs_are_never_modified(x_dtype, p_dtype, d, wb, layout, seed):
     for a, saved in zip((x, w, b), before):
         if a is not None:
             assert_same_bits(a, saved, "input after the call")
+
+
+def _float_out(x):
+    """An out= for a call on x alone: its dtype, or float64 for integers."""
+    return np.empty(x.shape, np.float64 if x.dtype.kind in "biu" else x.dtype)
+
+
+@given(x_dtype=st.sampled_from(_INPUT_DTYPES), p_dtype=st.sampled_from(_INPUT_DTYPES),
+       dy_dtype=st.sampled_from(_INPUT_DTYPES), d=st.integers(1, 70),
+       gain=st.booleans(), layout=st.sampled_from(list(LAYOUTS)), seed=st.integers(0, 2**32 - 1))
+def test_rms_inputs_are_never_modified(x_dtype, p_dtype, dy_dtype, d, gain, layout, seed):
+    """Every RMSNorm entry point and the layer leave x, the weight, dy and
+    the mean squares as they were, in every layout and dtype; and
+    layer_norm_backward leaves dy, x and the weight alone too."""
+    rng = np.random.default_rng(seed)
+    x = with_layout(random_records(rng, np.float16, 6, d).astype(x_dtype), layout)
+    dy = with_layout(random_records(rng, np.float16, 6, d).astype(dy_dtype), layout)
+    w = rng.uniform(-2, 2, d).astype(p_dtype) if gain else None
+    if w is not None and not (layout == "byteswapped" and w.dtype.kind not in "fiu"):
+        w = layout_1d(layout, w)  # (bool and bfloat16 have no byte order)
+    ms = lnc.rms_norm(x, w, return_stats=True).ms
+    inputs = (x, w, dy, ms)
+    before = [None if a is None else a.copy() for a in inputs]
+    lnc.rms_norm(x, w, return_stats=True)
+    lnc.rms_norm(x, w, convention="1+weight", return_stats=True)
+    lnc.rms_norm(x, axis=0)
+    lnc.rms_norm(x, out=_float_out(x))
+    lnc.rms_norm_backward(dy, x, w, ms=ms)
+    lnc.rms_norm_backward(dy, x, w, convention="1+weight")
+    lnc.layer_norm_backward(dy, x, w)
+    scale = np.ones(d, np.float32) if w is None else w
+    lnc.rms_norm_ufunc(x, scale, 1e-6)
+    lnc.rms_norm_backward_ufunc(dy, x, scale, 1e-6)
+    if x.dtype.kind == "f" or (_bf16.BFLOAT16 is not None and x.dtype == _bf16.BFLOAT16):
+        layer = lnc.RMSNorm(d, gain=gain, dtype=x.dtype)
+        layer(x)
+        layer.backward(dy)
+    for a, saved, name in zip(inputs, before, ("x", "weight", "dy", "ms")):
+        if a is not None:
+            assert_same_bits(a, saved, f"{name} after the calls")
 
 
 @given(problems())

@@ -115,16 +115,44 @@ def test_the_check_catches_stale_names():
     assert len(found) == 8, found
 
 
-def test_the_note_on_missing_hardening_is_true():
-    """The page lists the hardening files RMSNorm's calls are not in yet;
-    once one of them covers RMSNorm, the note must lose it."""
+#: What calls RMSNorm, in Python or C.
+CALLS_RMS = re.compile(r"rms_norm|RMSNorm|_rms_(?:w|none)\b|_fast_rms|LN_OP_RMS_NORM")
+#: What draws bfloat16.
+DRAWS_BF16 = re.compile(r"BFLOAT16|BF16|bfloat16")
+
+
+def _hardening_section(text: str) -> str:
+    m = re.search(r"Then the hardening runs(.+?)9\. Checklist", text, re.S)
+    assert m, "the hardening part of step 8 is gone: update this test"
+    return m.group(1)
+
+
+def test_every_hardening_file_the_page_lists_calls_rmsnorm():
+    """Step 8 lists the hardening files an op must be added to, and its
+    note says RMSNorm is in every one of them (and in the files the note
+    names): true for each, and the check can fail."""
     text = " ".join(PAGE.read_text(encoding="utf-8").split())
-    m = re.search(r"none of (.+?) calls RMSNorm yet", text)
-    assert m, "the note on the hardening RMSNorm lacks is gone: drop this test with it"
-    listed = re.findall(r"``([\w/.]+)``", m.group(1))
-    assert len(listed) >= 5, listed
-    calls_rms = re.compile(r"rms_norm|RMSNorm|_rms_(?:w|none)\b|_fast_rms|LN_OP_RMS_NORM")
+    section = _hardening_section(text)
+    listed = sorted(set(re.findall(r"``((?:tests|tools|fuzz)/[\w/.]+)``", section)))
+    assert len(listed) >= 8, listed
     for path in listed:
         source = (ROOT / path).read_text(encoding="utf-8")
-        assert not calls_rms.search(source), (
-            f"{path} now covers RMSNorm: take it out of the note in docs/adding-an-op.rst")
+        if path.endswith(".sh"):  # a runner: it runs tools/leakcheck.py (and pytest)
+            assert "tools/leakcheck.py" in source, path
+            continue
+        assert CALLS_RMS.search(source), (
+            f"{path} does not call RMSNorm: docs/adding-an-op.rst says every hardening "
+            f"file does")
+    assert not CALLS_RMS.search("layer_norm(x, w, b); layer_norm_backward(dy, x)")
+
+
+def test_the_note_on_bfloat16_is_true():
+    """The note names the hardening files that draw bfloat16: each does."""
+    text = " ".join(PAGE.read_text(encoding="utf-8").split())
+    m = re.search(r"draw bfloat16 too when ml_dtypes is installed: (.+?)\. The fuzzer", text)
+    assert m, "the note on bfloat16 in the hardening files is gone: update this test"
+    listed = re.findall(r"``([\w/.]+)``", m.group(1))
+    assert len(listed) >= 5, listed
+    for path in listed:
+        source = (ROOT / path).read_text(encoding="utf-8")
+        assert DRAWS_BF16.search(source), f"{path} does not draw bfloat16, as the note says"

@@ -458,3 +458,18 @@ def test_layer_state_dict_round_trips_through_torch():
     back = torch.nn.RMSNorm(6, eps=1e-6)
     back.load_state_dict({k: torch.from_numpy(v) for k, v in rn.state_dict().items()})
     assert torch.equal(back.weight, t.weight)
+
+
+def test_gemma_float16_backward_overflows_to_inf_without_a_warning():
+    """The "1+weight" backward computes float16 records through a float32
+    dx and casts it; an overflow there is inf, silently, as the default
+    convention's kernel writes it."""
+    import warnings
+    x = np.array([[1e-5, 0.0]], np.float16)
+    dy = np.array([[0.0, 1.0]], np.float16)
+    w = np.array([3.0, 3.0], np.float16)
+    plain = lnc.rms_norm_backward(dy, x, w, eps=0.0).dx
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        gemma = lnc.rms_norm_backward(dy, x, w - np.float16(1), eps=0.0, convention="1+weight").dx
+    assert np.isinf(plain[0, 1]) and np.isinf(gemma[0, 1])

@@ -1,8 +1,10 @@
 """No leaked and no stolen references, on success and on error paths.
 
-For lnc.layer_norm (fast path and general path), the C fast path
-_core._fast called directly, the raw gufunc and the private statistics
-gufuncs: the reference counts of every argument (x, weight, bias, eps,
+For lnc.layer_norm and lnc.rms_norm (fast path and general path), the C
+fast paths _core._fast and _core._fast_rms called directly, the raw
+gufuncs and the private statistics gufuncs, both backward passes and both
+layers, in every float dtype (bfloat16 too when ml_dtypes is installed):
+the reference counts of every argument (x, weight, bias, eps,
 out), of the singletons and dtype objects the C code touches, and of the
 functions themselves are the same before and after many calls; every
 result is freed once the caller drops it (a weak reference to it dies).
@@ -21,7 +23,10 @@ import pytest
 
 import layernorm_c as lnc
 from cases import FLOAT_DTYPES, LANES
-from layernorm_c import _core
+from layernorm_c import _bf16, _core
+
+#: The dtypes tried: float16/32/64, and bfloat16 when ml_dtypes is installed.
+DTYPES = FLOAT_DTYPES + ((_bf16.BFLOAT16,) if _bf16.BFLOAT16 is not None else ())
 
 N_CALLS = 25
 
@@ -35,9 +40,10 @@ def call_fast(x, w, b, eps, rs, out=None):
 #: The rest of the interpreter uses them too (a cache entry freed now and
 #: then moves None's count by one), so for them only a per-call drift
 #: counts: at least N_CALLS // 2 over N_CALLS calls.
-SHARED = [None, True, False, NotImplemented, np.dtype(np.float16), np.dtype(np.float32),
-          np.dtype(np.float64), lnc.layer_norm, lnc.layer_norm_ufunc, _core._fast,
-          _core._ln_wb, _core._ln_none]
+SHARED = [None, True, False, NotImplemented, *DTYPES, lnc.layer_norm, lnc.layer_norm_ufunc,
+          _core._fast, _core._ln_wb, _core._ln_none, lnc.rms_norm, lnc.rms_norm_ufunc,
+          lnc.rms_norm_backward_ufunc, _core._fast_rms, _core._rms_w, _core._rms_none,
+          _core._backward]
 
 
 def tracked(*objs):
@@ -109,7 +115,7 @@ def assert_result_freed(fn):
 D = LANES + 1
 
 
-@pytest.fixture(params=FLOAT_DTYPES, ids=str)
+@pytest.fixture(params=DTYPES, ids=str)
 def data(request):
     dt = request.param
     rng = np.random.default_rng(0)
@@ -268,3 +274,164 @@ def test_backward_functions(data):
         return layer.backward(dy)
 
     assert_refcounts_stable(step, x, dy)
+
+
+# ------------------------------------------------------------------- RMSNorm
+
+def call_fast_rms(x, w, eps, rs, out=None, *scale):
+    """_fast_rms(x, weight, eps, out, return_stats[, scale]), called directly."""
+    return _core._fast_rms(x, w, eps, out, rs, *scale)
+
+
+@pytest.mark.parametrize("rs", [False, True])
+def test_rms_norm_fast_path(data, rs):
+    x, w, _ = data
+    eps = 1e-6
+    assert_refcounts_stable(lambda: lnc.rms_norm(x, w, eps, return_stats=rs), x, w, eps)
+    assert_refcounts_stable(lambda: lnc.rms_norm(x, None, eps, return_stats=rs), x, eps)
+    assert_result_freed(lambda: lnc.rms_norm(x, w, eps, return_stats=rs))
+    assert_refcounts_stable(lambda: call_fast_rms(x, w, eps, rs), x, w, eps)
+    assert_result_freed(lambda: call_fast_rms(x, w, eps, rs))
+    # the applied scale in x's compute type (Gemma's 1 + weight)
+    s = w.astype(np.float64 if x.dtype == np.float64 else np.float32) + 1
+    assert_refcounts_stable(lambda: call_fast_rms(x, s, eps, rs, None, True), x, s, eps)
+    assert_result_freed(lambda: call_fast_rms(x, s, eps, rs, None, True))
+    # Arguments the fast path declines (NotImplemented) or rejects.
+    for args in [(x.T, w, eps, rs), (x, w[:-1], eps, rs), (x, w, -1.0, rs), (x, w, 1, rs),
+                 (x.astype(np.int32), None, eps, rs), (x[:, :0], None, eps, rs),
+                 ([1.0, 2.0], None, eps, rs), (x, w, eps, 1)]:
+        assert_refcounts_stable(lambda: call_fast_rms(*args), *args)
+    assert_refcounts_stable(lambda: call_fast_rms(x, None, eps, rs, None, True), x, eps)
+    assert_refcounts_stable(lambda: _core._fast_rms(x), x)          # wrong arity
+    assert_refcounts_stable(lambda: _core._fast_rms(x, w, eps, None, rs, True, 1), x, w, eps)
+
+
+def test_fast_rms_scale_flag_truth_value_raises(data):
+    """A scale flag whose truth value raises: the error, nothing leaked."""
+    x, w, _ = data
+
+    class Bad:
+        def __bool__(self):
+            raise ValueError("no truth value")
+
+    bad = Bad()
+    assert_refcounts_stable(lambda: _core._fast_rms(x, w, 1e-6, None, False, bad), x, w, bad,
+                            expect_error=ValueError)
+
+
+@pytest.mark.parametrize("rs", [False, True])
+def test_rms_norm_general_path(data, rs):
+    x, w, _ = data
+    xs = x[:, ::-1]                         # strided: general path
+    out = np.empty_like(x)
+    assert_refcounts_stable(lambda: lnc.rms_norm(xs, w, return_stats=rs), xs, w)
+    assert_refcounts_stable(lambda: lnc.rms_norm(x, w, out=out, return_stats=rs), x, w, out)
+    assert_refcounts_stable(lambda: lnc.rms_norm(x, axis=(0, 1), return_stats=rs), x)
+    assert_refcounts_stable(lambda: lnc.rms_norm(x.T, w, axis=0, return_stats=rs), x, w)
+    assert_refcounts_stable(lambda: lnc.rms_norm(x, w, convention="1+weight",
+                                                 return_stats=rs), x, w)
+    assert_refcounts_stable(lambda: lnc.rms_norm(xs, w, convention="1+weight",
+                                                 return_stats=rs), xs, w)
+    xc = x.copy()
+    assert_refcounts_stable(lambda: lnc.rms_norm(xc, w, out=xc), xc, w)     # in place
+    assert_result_freed(lambda: lnc.rms_norm(xs, w, return_stats=rs))
+    assert_result_freed(lambda: lnc.rms_norm(x, w, convention="1+weight", return_stats=rs))
+    base = sys.getrefcount(out)
+    res = lnc.rms_norm(x, w, out=out)
+    assert res is out and sys.getrefcount(out) == base + 1
+    del res
+    assert sys.getrefcount(out) == base
+
+
+def test_rms_norm_error_paths(data):
+    x, w, _ = data
+    cases = [
+        ((x, np.ones(5)), {}, ValueError),
+        ((x, w), {"eps": -1.0}, ValueError),
+        ((x, w), {"eps": float("nan")}, ValueError),
+        ((x, w), {"eps": "1e-6"}, TypeError),
+        ((x, w), {"axis": int("10000001")}, ValueError),
+        ((x, w), {"axis": (0, 0)}, ValueError),
+        ((x, w), {"out": np.empty((3, 3), x.dtype)}, ValueError),
+        ((x, w), {"out": np.empty(x.shape, np.int32)}, TypeError),
+        ((x, w), {"out": [0.0]}, TypeError),
+        ((x, w), {"return_stats": 1}, TypeError),
+        ((x, w), {"convention": "gemma"}, ValueError),
+        ((x, w), {"convention": None}, ValueError),
+        ((x.astype(complex), None), {}, TypeError),
+        ((np.zeros((2, 0), x.dtype), None), {}, ValueError),
+    ]
+    for args, kwargs, exc in cases:
+        assert_refcounts_stable(lambda: lnc.rms_norm(*args, **kwargs),
+                                *args, *kwargs.values(), expect_error=exc)
+
+
+@pytest.mark.parametrize("with_out", [False, True])
+def test_rms_raw_gufuncs(data, with_out):
+    x, w, _ = data
+    eps = np.full(4, 1e-6)
+    out = np.empty_like(x)
+    ms = np.empty(4, np.float64 if x.dtype == np.float64 else np.float32)
+    kw = {"out": out} if with_out else {}
+    assert_refcounts_stable(lambda: lnc.rms_norm_ufunc(x, w, eps, **kw), x, w, eps, out)
+    assert_refcounts_stable(lambda: lnc.rms_norm_backward_ufunc(x, x, w, eps, **kw), x, w, eps,
+                            out)
+    assert_refcounts_stable(lambda: _core._rms_w(x, w, 1e-6), x, w)
+    assert_refcounts_stable(lambda: _core._rms_none(x, 1e-6), x)
+    if with_out:
+        assert_refcounts_stable(lambda: _core._rms_w(x, w, 1e-6, out=(out, ms)), x, w, out, ms)
+    else:
+        assert_result_freed(lambda: lnc.rms_norm_ufunc(x, w, eps))
+        assert_result_freed(lambda: lnc.rms_norm_backward_ufunc(x, x, w, eps))
+        assert_result_freed(lambda: _core._rms_w(x, w, 1e-6))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        # invalid eps: NaN records + FP flag, not an exception
+        assert_refcounts_stable(lambda: lnc.rms_norm_ufunc(x, w, -1.0, **kw), x, w, out)
+        assert_refcounts_stable(lambda: _core._rms_none(x, float("nan")), x)
+    assert_refcounts_stable(lambda: lnc.rms_norm_ufunc(x, w[:-1], 1e-6), x, w,
+                            expect_error=ValueError)
+    assert_refcounts_stable(lambda: lnc.rms_norm_ufunc(x.astype(complex), w, 1e-6), x, w,
+                            expect_error=TypeError)
+    assert_refcounts_stable(lambda: lnc.rms_norm_backward_ufunc(x, x[:, :-1], w, 1e-6), x, w,
+                            expect_error=ValueError)
+
+
+def test_rms_backward_functions(data):
+    """rms_norm_backward, its core entry point (the rms flag of _backward)
+    and the RMSNorm layer: no reference drift on success and error paths."""
+    x, w, _ = data
+    dy = x[::-1].copy()
+    ms = lnc.rms_norm(x, w, return_stats=True).ms
+    assert_refcounts_stable(lambda: lnc.rms_norm_backward(dy, x, w), dy, x, w)
+    assert_refcounts_stable(lambda: lnc.rms_norm_backward(dy, x, w, ms=ms), dy, x, w, ms)
+    assert_refcounts_stable(lambda: lnc.rms_norm_backward(dy, x), dy, x)
+    assert_refcounts_stable(lambda: lnc.rms_norm_backward(dy.T, x.T, w, axis=0), dy, x, w)
+    assert_refcounts_stable(lambda: lnc.rms_norm_backward(dy, x, w, convention="1+weight"),
+                            dy, x, w)
+    assert_result_freed(lambda: lnc.rms_norm_backward(dy, x, w))
+    assert_refcounts_stable(lambda: _core._backward(dy, x, w, 1e-6, None, True, True), dy, x, w)
+    assert_refcounts_stable(lambda: _core._backward(dy, x, None, 1e-6, None, False, True), dy, x)
+    for args, kwargs, exc in [
+            ((dy[:, :-1], x, w), {}, ValueError),
+            ((dy, x, np.ones(5)), {}, ValueError),
+            ((dy, x, w), {"ms": np.zeros(5)}, ValueError),
+            ((dy, x, w), {"eps": -1.0}, ValueError),
+            ((dy, x, w), {"convention": "gemma"}, ValueError),
+            ((dy.astype(complex), x, w), {}, TypeError)]:
+        assert_refcounts_stable(lambda: lnc.rms_norm_backward(*args, **kwargs), *args,
+                                *kwargs.values(), expect_error=exc)
+    assert_refcounts_stable(lambda: _core._backward(dy, x[:, :-1], w, 1e-6, None, True, True),
+                            dy, x, w, expect_error=TypeError)
+    for convention in ("weight", "1+weight"):
+        layer = lnc.RMSNorm(x.shape[-1], dtype=x.dtype, convention=convention)
+
+        def step():
+            layer(x)
+            return layer.backward(dy)
+
+        assert_refcounts_stable(step, x, dy)
+        assert_refcounts_stable(lambda: layer(x[:, :-1]), x, expect_error=ValueError)
+        assert_refcounts_stable(lambda: layer.backward(dy[:, :-1]), dy, expect_error=ValueError)
+    fresh = lnc.RMSNorm(x.shape[-1], dtype=x.dtype)
+    assert_refcounts_stable(lambda: fresh.backward(dy), dy, expect_error=RuntimeError)

@@ -1,15 +1,16 @@
 """Many Python threads at once; the GIL is released during long calls.
 
 * Threads share read-only inputs (x, weight, bias) and each writes its own
-  outputs, through every entry point (fast path, out=, general path,
-  raw gufunc), while another thread keeps allocating, resizing and freeing
+  outputs, through every entry point of layer_norm and rms_norm (fast path,
+  out=, general path, Gemma's convention, raw gufuncs, both backward
+  passes), in every float dtype (bfloat16 too with ml_dtypes), while another thread keeps allocating, resizing and freeing
   arrays and yet another flips the thread count and instruction-set level.
   Every result must be bit-identical to the one computed alone beforehand
   (the reproducibility contract holds for any ISA and thread count), and
   the shared inputs must be unchanged at the end.
 * A long call must let other Python threads run: a ticker thread must make
-  progress while one thread is inside a large layer_norm call (fast path,
-  general path and raw gufunc). If the call held the GIL, the ticker could
+  progress while one thread is inside a large layer_norm or rms_norm call
+  (fast path, general path, raw gufunc, backward, float16 and bfloat16). If the call held the GIL, the ticker could
   not move at all.
 
 Light versions run in the normal suite; LAYERNORM_C_STRESS=1 runs the heavy
@@ -26,6 +27,10 @@ import pytest
 
 import layernorm_c as lnc
 from cases import FLOAT_DTYPES
+from layernorm_c import _bf16
+
+#: float16/32/64, and bfloat16 when ml_dtypes is installed.
+DTYPES = FLOAT_DTYPES + ((_bf16.BFLOAT16,) if _bf16.BFLOAT16 is not None else ())
 
 HEAVY = os.environ.get("LAYERNORM_C_STRESS", "") not in ("", "0")
 N_THREADS = 16 if HEAVY else 6
@@ -54,6 +59,20 @@ def _jobs(x, w, b):
         "axes": lambda out: lnc.layer_norm(x, axis=(0, 1)),
         "gufunc": lambda out: lnc.layer_norm_ufunc(x, w, b, 1e-5),
         "gufunc-out": lambda out: lnc.layer_norm_ufunc(x, w, b, 1e-5, out=out),
+        "backward": lambda out: lnc.layer_norm_backward(b * x[::-1], x, w),
+        "rms-fast": lambda out: lnc.rms_norm(x, w),
+        "rms-fast-stats": lambda out: lnc.rms_norm(x, None, return_stats=True),
+        "rms-out=": lambda out: lnc.rms_norm(x, w, out=out),
+        "rms-strided": lambda out: lnc.rms_norm(xs, wr, return_stats=True),
+        "rms-axes": lambda out: lnc.rms_norm(x, axis=(0, 1)),
+        "rms-gemma": lambda out: lnc.rms_norm(x, w, convention="1+weight"),
+        "rms-gemma-strided": lambda out: lnc.rms_norm(xs, w, convention="1+weight"),
+        "rms-gufunc": lambda out: lnc.rms_norm_ufunc(x, w, 1e-6),
+        "rms-gufunc-out": lambda out: lnc.rms_norm_ufunc(x, w, 1e-6, out=out),
+        "rms-backward": lambda out: lnc.rms_norm_backward(b * x[::-1], x, w),
+        "rms-backward-strided": lambda out: lnc.rms_norm_backward(xs, xs, wr,
+                                                                  convention="1+weight"),
+        "rms-backward-gufunc": lambda out: lnc.rms_norm_backward_ufunc(x[::-1], x, w, 1e-6),
     }
 
 
@@ -96,7 +115,7 @@ def _flip_settings(stop, errors):
         errors.append(exc)
 
 
-@pytest.mark.parametrize("dt", FLOAT_DTYPES, ids=str)
+@pytest.mark.parametrize("dt", DTYPES, ids=str)
 def test_threads_share_inputs_bit_identical(dt, restore_settings):
     # Large enough for the kernels' own worker threads to start in some
     # calls (above lnc.thread_threshold()) when the flipper allows them.
@@ -150,6 +169,8 @@ def test_threads_with_invalid_eps_warnings():
             with np.errstate(invalid="ignore"):  # per thread, unlike warnings filters
                 for _ in range(ROUNDS):
                     y = lnc.layer_norm_ufunc(x, w, b, -1.0)
+                    assert np.isnan(y).all()
+                    y = lnc.rms_norm_ufunc(x, w, np.nan)
                     assert np.isnan(y).all()
         except BaseException as exc:
             errors.append(exc)
@@ -235,7 +256,11 @@ def test_gil_detector_sees_a_call_that_holds_the_gil(big_x):
     assert longest_pause_ratio(big_x.tobytes, attempts=2) > 0.5
 
 
-@pytest.mark.parametrize("entry", ["fast", "general", "gufunc", "float16"])
+GIL_ENTRIES = ["fast", "general", "gufunc", "float16", "rms-fast", "rms-general", "rms-gufunc",
+               "rms-backward", "bfloat16", "rms-bfloat16"]
+
+
+@pytest.mark.parametrize("entry", GIL_ENTRIES)
 def test_long_call_releases_gil(entry, big_x, restore_settings):
     lnc.set_num_threads(1)
     x = big_x
@@ -248,9 +273,26 @@ def test_long_call_releases_gil(entry, big_x, restore_settings):
     elif entry == "gufunc":
         w, b = np.ones(d, np.float32), np.zeros(d, np.float32)
         fn = lambda: lnc.layer_norm_ufunc(x, w, b, 1e-5)  # noqa: E731
-    else:
+    elif entry == "float16":
         xh = x.astype(np.float16)
         fn = lambda: lnc.layer_norm(xh)  # noqa: E731
+    elif entry == "rms-fast":
+        fn = lambda: lnc.rms_norm(x)  # noqa: E731
+    elif entry == "rms-general":
+        xs = x[:, ::-1]
+        fn = lambda: lnc.rms_norm(xs, np.ones(d, np.float32), convention="1+weight")  # noqa: E731
+    elif entry == "rms-gufunc":
+        w = np.ones(d, np.float32)
+        fn = lambda: lnc.rms_norm_ufunc(x, w, 1e-6)  # noqa: E731
+    elif entry == "rms-backward":
+        half = x[: x.shape[0] // 2]  # two passes over the records: half of them
+        fn = lambda: lnc.rms_norm_backward(half, half)  # noqa: E731
+    else:
+        if _bf16.BFLOAT16 is None:
+            pytest.skip("ml_dtypes is not installed")
+        xb = x.astype(_bf16.BFLOAT16)
+        fn = (lambda: lnc.layer_norm(xb)) if entry == "bfloat16" else (  # noqa: E731
+            lambda: lnc.rms_norm(xb))
     ratio = longest_pause_ratio(fn)
     assert ratio < 0.5, (
         f"another Python thread was stopped for {ratio:.0%} of a large {entry} call: "

@@ -1,5 +1,8 @@
 """Long randomized fuzzing of the Python API (tests/test_fuzz_api.py).
 
+layer_norm, rms_norm, their backward passes, the forward gufuncs and the
+RMSNorm layer, in every dtype (bfloat16 too when ml_dtypes is installed).
+
 Runs the hypothesis fuzz tests of tests/test_fuzz_api.py in rounds, with
 fresh random seeds, until the time is up, then prints how many calls were
 tried, by outcome, and exits 1 on the first failure (hypothesis prints the
@@ -42,7 +45,8 @@ def main(argv=None) -> int:
     import layernorm_c as lnc  # noqa: E402
 
     tests = [t.test_fuzz_layer_norm, t.test_fuzz_layer_norm_ufunc,
-             t.test_fuzz_layer_norm_backward]
+             t.test_fuzz_layer_norm_backward, t.test_fuzz_rms_norm, t.test_fuzz_rms_norm_ufunc,
+             t.test_fuzz_rms_norm_backward, t.test_fuzz_rms_layer]
     print(f"fuzz_api: layernorm_c from {Path(lnc.__file__).parent}, ISA {lnc.get_isa()}, "
           f"{lnc.get_num_threads()} thread(s), {args.minutes} min", flush=True)
     t0 = time.monotonic()

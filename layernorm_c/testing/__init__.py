@@ -29,6 +29,18 @@ RMSNorm has its battery too, :data:`RMS_CHECKS`:
 ``my_rms_norm(x, weight, eps)`` by default (``convention="1+weight"`` for
 Gemma's scale); ``python -m layernorm_c audit --op rms_norm module:function``
 from the command line.
+
+Other frameworks' layers are recognised from the object alone (eps, axis,
+dtype, gain and bias read from it): flax ``linen`` and ``nnx``, equinox and
+keras LayerNorms and RMSNorms, ``jax.nn.standardize``, and ONNX models (every
+normalization node, run by onnxruntime or onnx's reference evaluator; see
+:func:`from_onnx`). :func:`compare` audits several side by side:
+
+>>> from layernorm_c.testing import compare
+>>> print(compare({"mine": my_fn, "flax": flax.linen.LayerNorm()}))  # doctest: +SKIP
+
+``python -m layernorm_c audit model.onnx`` and ``python -m layernorm_c audit
+A B C`` from the command line.
 """
 from typing import Iterable, List, Mapping, Sequence
 
@@ -40,6 +52,8 @@ from ._backward_audit import (DEFAULT_RMS_BACKWARD_SIGNATURE, LayerNormBackwardA
                               check_rms_norm_backward)
 from ._backward_checks import BACKWARD_CHECKS, BACKWARD_REGISTRY
 from ._checks import CHECKS, REGISTRY
+from ._compare import ComparisonReport, compare
+from ._frameworks import from_onnx
 from ._numerics import TOLERANCES, Tolerance
 from ._report import AuditReport, CheckResult
 from ._rms_audit import DEFAULT_RMS_SIGNATURE, RMSNormAudit, check_rms_norm
@@ -57,6 +71,9 @@ __all__ = [
     "RMSNormBackwardAudit",
     "AuditReport",
     "CheckResult",
+    "compare",
+    "ComparisonReport",
+    "from_onnx",
     "CHECKS",
     "BACKWARD_CHECKS",
     "RMS_CHECKS",

@@ -70,6 +70,17 @@ class Implementation:
         The only leading shape (``x.shape[:-1]``) it supports, if fixed.
     framework : str
         ``'numpy'``, ``'torch'`` or ``'jax'``: what it is called with.
+    dtype : str or None
+        The dtype the object computes in by its own settings (an ONNX
+        node's input type, a keras layer's compute dtype, a flax module's
+        ``dtype``): the audit's dtype unless it is given one. None: no dtype
+        of its own.
+    op : {'layer_norm', 'rms_norm'} or None
+        What the object computes, when it says (a built-in adapter's
+        ``RMSNorm`` or ``LayerNorm``); the audits refuse the other op.
+    details : str or None
+        The settings a built-in adapter read from the object (eps, axis,
+        dtype, gain and bias), for the report's header.
     """
 
     call: Callable[..., npt.NDArray[Any]]
@@ -81,6 +92,9 @@ class Implementation:
     d: Optional[int] = None
     leading_shape: Optional[Tuple[int, ...]] = None
     framework: str = "numpy"
+    dtype: Optional[str] = None
+    op: Optional[str] = None
+    details: Optional[str] = None
 
     def restricted(self, d: Optional[int] = None,
                    leading_shape: Optional[Sequence[int]] = None) -> Implementation:
@@ -199,17 +213,27 @@ def adapt(fn: Any, signature: Optional[str] = None, framework: Framework = "auto
 
     Parameters
     ----------
-    fn : callable or Implementation
+    fn : callable, object or Implementation
         The LayerNorm under audit. An :class:`Implementation` is returned as
-        is (with ``d`` and ``leading_shape`` applied).
+        is (with ``d`` and ``leading_shape`` applied). A built-in
+        framework's object is recognised, its eps, axis, dtype, gain and
+        bias read from it (see :attr:`Implementation.details`): a flax
+        ``linen`` or ``nnx`` ``LayerNorm`` or ``RMSNorm``, an equinox
+        ``nn.LayerNorm`` or ``nn.RMSNorm``, a keras ``LayerNormalization``
+        or ``RMSNormalization`` (any backend), ``jax.nn.standardize``, or an
+        ONNX model with one kind of normalization node (an
+        ``onnx.ModelProto``, a path to a ``.onnx`` file, an
+        ``onnxruntime.InferenceSession``, an
+        ``onnx.reference.ReferenceEvaluator``; see :func:`from_onnx` for
+        models with several).
     signature : str, optional
         How ``fn`` takes its arguments: the names ``x``, ``weight``,
         ``bias``, ``eps`` in order, comma separated; names after a ``*`` are
         passed as keywords. Default ``"x, weight, bias, eps"``. Examples:
         ``"x"`` (no parameters, eps built in), ``"x, eps"``,
         ``"x, weight, eps"`` (gain only), ``"x, *, weight, bias, eps"``.
-        Ignored for a ``torch.nn.Module`` and ``F.layer_norm``, whose
-        conventions are known.
+        Ignored for a ``torch.nn.Module``, ``F.layer_norm`` and the
+        built-in frameworks' objects, whose conventions are known.
     framework : {'auto', 'numpy', 'torch', 'jax'}, optional
         What ``fn`` takes and returns. ``'numpy'`` passes NumPy arrays and
         reads the result with ``np.asarray`` (anything array-like works);
@@ -247,7 +271,9 @@ def adapt(fn: Any, signature: Optional[str] = None, framework: Framework = "auto
     Raises
     ------
     ValueError
-        An unknown framework or a malformed signature.
+        An unknown framework or a malformed signature; an ONNX model with
+        several distinct normalization nodes; a built-in object normalizing
+        over other axes than the last.
     ImportError
         ``framework='torch'`` or ``'jax'`` without that package installed.
     """
@@ -258,10 +284,18 @@ def adapt(fn: Any, signature: Optional[str] = None, framework: Framework = "auto
                               leading_shape=leading_shape)
     if isinstance(fn, Implementation):
         return fn.restricted(d, leading_shape)
-    if not callable(fn):
-        raise TypeError(f"fn: expected a callable LayerNorm, got {type(fn).__name__}")
     if framework not in FRAMEWORKS:
         raise ValueError(f"framework: expected one of {FRAMEWORKS}, got {framework!r}")
+    from ._frameworks import adapt_builtin
+
+    builtin = adapt_builtin(fn)
+    if builtin is not None:
+        impl = builtin if name is None else replace(builtin, name=name)
+        return impl.restricted(d, leading_shape)
+    if not callable(fn):
+        raise TypeError(f"fn: expected a callable LayerNorm (or a built-in framework's object: "
+                        f"an ONNX model or its path, a flax, keras or equinox LayerNorm), got "
+                        f"{type(fn).__name__}")
     if framework == "auto":
         framework = _framework_of(fn)
     if framework == "torch":

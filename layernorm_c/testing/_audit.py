@@ -34,7 +34,7 @@ class Audit:
     #: The battery's checks by name, in the order they run.
     registry: ClassVar[Mapping[str, Any]]
 
-    def _setup(self, op: Op, dtype: npt.DTypeLike, eps: Optional[float], default_eps: float,
+    def _setup(self, op: Op, dtype: Optional[npt.DTypeLike], eps: Optional[float], default_eps: float,
                rtol: Optional[float], atol: Optional[float], seed: int,
                strict_batch_invariance: bool, mode: Mode = "default") -> None:
         if mode not in MODES:
@@ -42,7 +42,11 @@ class Audit:
         #: How much the checks measure: 'quick', 'default' or 'thorough'.
         self.mode: Mode = mode
         self.op = op
-        self.dtype: np.dtype[Any] = audit_dtype(dtype)
+        own_dtype = getattr(self.impl, "dtype", None)
+        #: Whether the dtype is the object's own (none was given).
+        self.own_dtype = dtype is None and own_dtype is not None
+        self.dtype: np.dtype[Any] = audit_dtype(
+            dtype if dtype is not None else own_dtype or "float32")
         self.eps = resolve_eps(self.impl, eps, default_eps)
         #: The user's tolerance, or None for the defaults by dtype.
         self.override: Optional[Tolerance] = (None if rtol is None and atol is None else
@@ -56,7 +60,8 @@ class Audit:
     @property
     def title(self) -> str:
         """What is audited and how, as the report's first line."""
-        parts = [str(self.dtype), f"eps={fmt_eps(self.eps)}"] + self._title_parts()
+        parts = [str(self.dtype) + (" (its own)" if getattr(self, "own_dtype", False) else ""),
+                 f"eps={eps_text(self.eps)}"] + self._title_parts()
         if self.impl.d is not None:
             parts.append(f"d={self.impl.d}")
         if self.impl.leading_shape is not None:
@@ -65,7 +70,11 @@ class Audit:
             parts.append("scale 1 + weight")
         if self.mode != "default":
             parts.append(self.mode)
-        return f"{self.op.name} {self.kind} of {self.impl.name} ({', '.join(parts)})"
+        title = f"{self.op.name} {self.kind} of {self.impl.name} ({', '.join(parts)})"
+        details = getattr(self.impl, "details", None)
+        if details:
+            title += f"; read from the object: {details}"
+        return title
 
     def run(self, checks: Optional[Iterable[str]] = None) -> AuditReport:
         """Run the checks.
@@ -150,7 +159,7 @@ class RMSAudit(Audit):
 
     def __init__(self, fn: Any, *, convention: Convention = "weight",
                  signature: Optional[str] = None, framework: Framework = "auto",
-                 dtype: npt.DTypeLike = "float32", eps: Optional[float] = None,
+                 dtype: Optional[npt.DTypeLike] = None, eps: Optional[float] = None,
                  d: Optional[int] = None, leading_shape: Optional[Sequence[int]] = None,
                  rtol: Optional[float] = None, atol: Optional[float] = None, seed: int = 0,
                  strict_batch_invariance: bool = False, name: Optional[str] = None,
@@ -184,7 +193,9 @@ class LayerNormAudit(ForwardAudit):
         See :func:`adapt`. Default ``'auto'``.
     dtype : {'float32', 'float64', 'float16', 'bfloat16'}, optional
         The dtype of every input (the float16 overflow check always uses
-        float16). ``'bfloat16'`` needs ml_dtypes. Default ``'float32'``.
+        float16). ``'bfloat16'`` needs ml_dtypes. Default: the object's own
+        (an ONNX node's, a keras layer's compute dtype, a flax module's
+        ``dtype``: see :attr:`Implementation.dtype`), else ``'float32'``.
     eps : float, optional
         The eps passed to ``fn``; for an implementation that takes none, the
         eps it uses. Default ``1e-5`` (a torch module's own ``eps``).
@@ -220,20 +231,21 @@ class LayerNormAudit(ForwardAudit):
     """
 
     def __init__(self, fn: LayerNormLike, *, signature: Optional[str] = None,
-                 framework: Framework = "auto", dtype: npt.DTypeLike = "float32",
+                 framework: Framework = "auto", dtype: Optional[npt.DTypeLike] = None,
                  eps: Optional[float] = None, d: Optional[int] = None,
                  leading_shape: Optional[Sequence[int]] = None, rtol: Optional[float] = None,
                  atol: Optional[float] = None, seed: int = 0,
                  strict_batch_invariance: bool = False, name: Optional[str] = None,
                  mode: Mode = "default") -> None:
         self.impl = adapt(fn, signature, framework, name=name, d=d, leading_shape=leading_shape)
+        check_op(self.impl, LAYER_NORM)
         self._setup(LAYER_NORM, dtype, eps, 1e-5, rtol, atol, seed, strict_batch_invariance,
                     mode)
 
 
 def check_layer_norm(fn: LayerNormLike, *, checks: Optional[Iterable[str]] = None,
                      signature: Optional[str] = None, framework: Framework = "auto",
-                     dtype: npt.DTypeLike = "float32", eps: Optional[float] = None,
+                     dtype: Optional[npt.DTypeLike] = None, eps: Optional[float] = None,
                      d: Optional[int] = None, leading_shape: Optional[Sequence[int]] = None,
                      rtol: Optional[float] = None, atol: Optional[float] = None, seed: int = 0,
                      strict_batch_invariance: bool = False,
@@ -319,11 +331,28 @@ def resolve_eps(impl: Declared, eps: Optional[float], default: float) -> float:
 
 
 
-def fmt_eps(eps: float) -> str:
-    """An eps as a report writes it: short (``1e-05``), unless that would
-    hide digits it has (``9.99999974737875e-06``, 1e-5 rounded to float32)."""
+def eps_text(eps: float) -> str:
+    """eps with as many digits as it takes to tell it from its neighbours
+    (``1e-05``, but ``9.99999974737875e-06`` for float32's 1e-5)."""
     short = f"{eps:g}"
-    return short if float(short) == eps else repr(float(eps))
+    return short if float(short) == eps else repr(eps)
+
+
+def check_op(impl: Declared, op: Op) -> None:
+    """Raise when the object says it computes another op than ``op``.
+
+    Raises
+    ------
+    ValueError
+    """
+    own = getattr(impl, "op", None)
+    if own is None or own == op.key:
+        return
+    if own == "rms_norm":
+        raise ValueError(f"fn: {impl.name} is an RMSNorm; audit it with RMSNormAudit "
+                         "(check_rms_norm, or --op rms_norm on the command line)")
+    raise ValueError(f"fn: {impl.name} is a LayerNorm; audit it with LayerNormAudit "
+                     "(check_layer_norm, or --op layer_norm on the command line)")
 
 
 def failure_message(report: AuditReport) -> str:

@@ -519,6 +519,12 @@ def adapt_backward(fn: BackwardLike, signature: Optional[str] = None,
     if isinstance(fn, Implementation):
         raise TypeError(f"fn: {fn.name} is adapted as a forward; pass the function or module "
                         "itself, or adapt it with backward=True")
+    from ._frameworks import adapt_builtin_backward
+
+    builtin = adapt_builtin_backward(fn)
+    if builtin is not None:
+        return (builtin if name is None else replace(builtin, name=name)).restricted(
+            d, leading_shape)
     if not callable(fn):
         raise TypeError(f"fn: expected a callable LayerNorm backward, got {type(fn).__name__}")
     if framework not in FRAMEWORKS:

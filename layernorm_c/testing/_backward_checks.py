@@ -659,7 +659,7 @@ def _rounded_eps(eps_values: Sequence[float], fits_with: Callable[[Sequence[floa
                  ) -> Optional[Tuple[str, str]]:
     """The narrower type the eps in use is the forward's eps rounded to,
     with what each eps became, when that explains the backward's rstd."""
-    from ._audit import fmt_eps
+    from ._audit import eps_text as fmt_eps
 
     for name in ("float32", "float16", "bfloat16"):
         rounded = [eps_roundings(e).get(name, e) for e in eps_values]

@@ -419,7 +419,7 @@ def describe_eps_in_use(p: ProbeBase[Any], declared: Sequence[float],
     implementation, in words: eps rounded to a narrower type, an eps of its
     own (built in, or hard-coded whatever the argument), a multiple of the
     eps given, or the values themselves."""
-    from ._audit import fmt_eps
+    from ._audit import eps_text as fmt_eps
 
     for name in ("float32", "float16", "bfloat16"):
         rounded = [eps_roundings(e).get(name, e) for e in declared]
@@ -557,7 +557,7 @@ def _mean_square_explained(p: Probe, x: NDArray[Any], ms: float
         words = " = (d - 1)/d, the sample variance's"
         claims["denominator"] = "d-1"
     if eps != p.eps:
-        from ._audit import fmt_eps
+        from ._audit import eps_text as fmt_eps
 
         named = fmt_eps(eps) if estimate is None else _named_eps(estimate)
         words += (f"{' with' if ddof else ':'} the eps in use, {named}, not the declared "

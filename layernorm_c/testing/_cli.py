@@ -1,11 +1,13 @@
-"""Command line: ``python -m layernorm_c audit [--op rms_norm] [--backward] module:function
-[options]``.
+"""Command line: ``python -m layernorm_c audit [--op rms_norm] [--backward] TARGET
+[TARGET ...] [options]``.
 
 Runs the validation battery on an importable LayerNorm (with ``--op
 rms_norm``, an RMSNorm; with ``--backward``, the backward battery on a
-backward) and prints the report; the
-exit code is 0 when every check passed (warnings allowed), 1 when one
-failed, 2 for a usage error (bad option, target not found).
+backward), or on an ONNX model (``model.onnx``: each normalization node), and
+prints the report; with several targets (or a model with several kinds of
+node, or a target that is a dict of implementations), one table of them side
+by side. The exit code is 0 when every check passed (warnings allowed), 1
+when one failed, 2 for a usage error (bad option, target not found).
 """
 from __future__ import annotations
 
@@ -44,13 +46,22 @@ def build_parser() -> argparse.ArgumentParser:
                + describe_rms_backward_checks(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("target", nargs="?",
+    parser.add_argument("targets", nargs="*", metavar="target",
                         help="the implementation, as package.module:function (or "
                              "path/to/file.py:function); attributes may be dotted, e.g. "
-                             "mymodel:net.norm for a torch module")
-    parser.add_argument("--op", choices=OPS, default="layer_norm",
-                        help="what the target computes: layer_norm (default) or rms_norm, "
-                             "by default fn(x, weight, eps)")
+                             "mymodel:net.norm for a torch module; a flax, keras or equinox "
+                             "layer is recognised, and so is a path to an ONNX model "
+                             "(model.onnx: every LayerNormalization and RMSNormalization "
+                             "node). Several targets, or one naming a dict of "
+                             "implementations, are audited side by side in one table")
+    parser.add_argument("--op", choices=OPS, default=None,
+                        help="what the target computes: layer_norm or rms_norm (by default "
+                             "fn(x, weight, eps)); default: what a recognised object says "
+                             "(an RMSNorm layer, an ONNX RMSNormalization node), else "
+                             "layer_norm")
+    parser.add_argument("--onnx-runtime", choices=("onnxruntime", "reference"), default=None,
+                        help="what runs an ONNX model's nodes: onnxruntime (default) or "
+                             "onnx's reference evaluator")
     parser.add_argument("--convention", choices=CONVENTIONS, default="weight",
                         help="with --op rms_norm: how the weight scales, weight (LLaMA, T5; "
                              "default) or 1+weight (Gemma)")
@@ -71,8 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--framework", choices=FRAMEWORKS, default="auto",
                         help="what the function takes and returns (default: auto)")
     parser.add_argument("--dtype", choices=("float32", "float64", "float16", "bfloat16"),
-                        default="float32",
-                        help="input dtype (default: float32; bfloat16 needs ml_dtypes)")
+                        default=None,
+                        help="input dtype (default: a recognised object's own, e.g. an ONNX "
+                             "node's, else float32; bfloat16 needs ml_dtypes)")
     parser.add_argument("--eps", type=float, default=None,
                         help="eps passed to the function, or the one it uses if it takes "
                              "none (default 1e-5, 1e-6 with --op rms_norm)")
@@ -153,8 +165,19 @@ def _unknown_checks(names: Optional[Sequence[str]], op: str, backward: bool) -> 
             f"{', '.join(known)}")
 
 
+def _unknown_in_any(names: Optional[Sequence[str]], backward: bool) -> Optional[str]:
+    """The usage error for check names in neither op's battery (worded as
+    for LayerNorm's), or None: without --op, each target runs its own
+    battery, and a check in either one is known."""
+    known = set(battery("layer_norm", backward)[1]) | set(battery("rms_norm", backward)[1])
+    if all(n in known for n in names or ()):
+        return None
+    return _unknown_checks([n for n in names or () if n not in known], "layer_norm", backward)
+
+
 def load_target(spec: str) -> Any:
-    """Import ``package.module:attr.attr`` (or ``file.py:attr``).
+    """Import ``package.module:attr.attr`` (or ``file.py:attr``); a path to
+    an ``.onnx`` file is returned as it is (the adapters read it).
 
     Parameters
     ----------
@@ -169,9 +192,14 @@ def load_target(spec: str) -> Any:
     ValueError
         ``spec`` is malformed, or the module or attribute cannot be found.
     """
+    if spec.lower().endswith(".onnx"):
+        if not os.path.isfile(spec):
+            raise ValueError(f"no such ONNX file: {spec!r}")
+        return spec
     module_name, sep, attrs = spec.partition(":")
     if not sep or not module_name or not attrs:
-        raise ValueError(f"expected package.module:function, got {spec!r}")
+        raise ValueError(f"expected package.module:function or a path to a .onnx file, "
+                         f"got {spec!r}")
     if module_name.endswith(".py"):
         module = _import_file(Path(module_name))
     else:
@@ -221,37 +249,104 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except SystemExit as exc:  # --help, or a usage error already printed
         return exc.code if isinstance(exc.code, int) else 2
     if args.list_checks:
-        print(describe(args.op, args.backward))
+        print(describe(args.op or "layer_norm", args.backward))
         return 0
-    unknown = _unknown_checks(args.checks, args.op, args.backward)
+    unknown = (_unknown_checks(args.checks, args.op, args.backward) if args.op is not None
+               else _unknown_in_any(args.checks, args.backward))
     if unknown is not None:
         parser.print_usage(sys.stderr)
         print(f"{PROG}: error: {unknown}", file=sys.stderr)
         return 2
-    if args.target is None:
+    if not args.targets:
         parser.print_usage(sys.stderr)
-        print(f"{PROG}: error: a target package.module:function is required", file=sys.stderr)
+        print(f"{PROG}: error: a target package.module:function is required (or a path to model.onnx)",
+              file=sys.stderr)
         return 2
-    if args.convention != "weight" and args.op != "rms_norm":
+    if args.convention != "weight" and args.op == "layer_norm":
         parser.print_usage(sys.stderr)
         print(f"{PROG}: error: --convention goes with --op rms_norm", file=sys.stderr)
         return 2
-    options: Dict[str, Any] = {"convention": args.convention} if args.op == "rms_norm" else {}
     try:
-        fn = load_target(args.target)
-        _, _, kind = battery(args.op, args.backward)
-        audit = kind(fn, signature=args.signature, framework=args.framework,
-                     dtype=args.dtype, eps=args.eps, d=args.d,
-                     leading_shape=args.leading_shape, rtol=args.rtol,
-                     atol=args.atol, seed=args.seed,
-                     strict_batch_invariance=args.strict_batch_invariance,
-                     name=args.target, mode=args.mode, **options)
+        columns = _columns(args.targets, args.onnx_runtime)
+        if len(columns) == 1:
+            label, fn = columns[0]
+            audit = _single_audit(fn, label, args)
+        else:
+            audit = None
     except (ValueError, TypeError, ImportError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
-    report = audit.run(args.checks)
-    print(report)
-    return 0 if report.ok else 1
+    if audit is not None:
+        report = audit.run(args.checks)
+        print(report)
+        return 0 if report.ok else 1
+    from ._compare import compare
+
+    try:
+        table = compare(dict(columns), checks=args.checks, op=args.op, backward=args.backward,
+                        dtype=args.dtype, eps=args.eps, signature=args.signature,
+                        framework=args.framework, d=args.d, leading_shape=args.leading_shape,
+                        rtol=args.rtol, atol=args.atol, seed=args.seed,
+                        strict_batch_invariance=args.strict_batch_invariance,
+                        convention=args.convention, mode=args.mode)
+    except (ValueError, TypeError, ImportError) as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    print(table)
+    return 0 if table.ok else 1
+
+
+def _columns(targets: Sequence[str], onnx_runtime: Optional[str]) -> List[Tuple[str, Any]]:
+    """``(name, implementation)`` for each target: an ONNX model gives one
+    per distinct normalization node, a dict one per item."""
+    from ._frameworks import builtin_kind, from_onnx, node_label
+
+    columns: List[Tuple[str, Any]] = []
+    for spec in targets:
+        obj = load_target(spec)
+        if isinstance(obj, dict):
+            columns.extend((str(k), v) for k, v in obj.items())
+        elif builtin_kind(obj) == "onnx":
+            impls = from_onnx(obj, onnx_runtime)
+            if len(impls) == 1:
+                columns.append((spec, impls[0]))
+            else:
+                columns.extend((f"{spec}: {node_label(impl)}", impl) for impl in impls)
+        else:
+            columns.append((spec, obj))
+    names = [n for n, _ in columns]
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise ValueError(f"the same target twice: {repeated}")
+    return columns
+
+
+def _single_audit(fn: Any, label: str, args: argparse.Namespace) -> Any:
+    """The audit of one target, in the battery its op and --backward say."""
+    from ._compare import _op_of
+
+    op = _op_of(fn, args.op)
+    if args.convention != "weight" and op != "rms_norm":
+        raise ValueError("--convention goes with --op rms_norm")
+    options: Dict[str, Any] = {"convention": args.convention} if op == "rms_norm" else {}
+    _, _, kind = battery(op, args.backward)
+    unknown = _unknown_checks(args.checks, op, args.backward)
+    if unknown is not None:
+        raise ValueError(unknown)
+    return kind(fn, signature=args.signature, framework=args.framework,
+                dtype=args.dtype, eps=args.eps, d=args.d,
+                leading_shape=args.leading_shape, rtol=args.rtol,
+                atol=args.atol, seed=args.seed,
+                strict_batch_invariance=args.strict_batch_invariance,
+                name=None if _keeps_name(fn) else label, mode=args.mode, **options)
+
+
+def _keeps_name(fn: Any) -> bool:
+    """Whether the implementation's own name says more than the target's
+    (an ONNX node's, which names the node and the runtime)."""
+    from ._adapters import Implementation
+
+    return isinstance(fn, Implementation) and fn.op is not None
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
     from ._audit import LayerNormAudit
 
-__all__ = ["Sweep", "measure", "plot_report", "line_labels", "exact_layer_norm", "OFFSETS",
+__all__ = ["Sweep", "measure", "plot_report", "plot_many", "line_labels", "exact_layer_norm", "OFFSETS",
            "SIZES"]
 
 #: The common offsets of the first panel (records N(offset, spread)).
@@ -127,12 +127,27 @@ def _lines(audit: LayerNormAudit, probe: Probe) -> List[_Line]:
     return list(zip(line_labels(audit), (impl, ours, reference)))
 
 
-def _sweep(audit: LayerNormAudit, points: Sequence[Tuple[float, npt.NDArray[Any]]]) -> Sweep:
+#: Exact outputs already computed, by (input bytes, dtype, shape, eps): the
+#: audits of a comparison share their inputs.
+ExactCache = Dict[Tuple[bytes, str, Tuple[int, ...], float], npt.NDArray[np.float64]]
+
+
+def _exact(x: npt.NDArray[Any], eps: float, cache: Optional[ExactCache]) -> npt.NDArray[np.float64]:
+    if cache is None:
+        return exact_layer_norm(x, eps)
+    key = (x.tobytes(), x.dtype.name, tuple(x.shape), float(eps))
+    if key not in cache:
+        cache[key] = exact_layer_norm(x, eps)
+    return cache[key]
+
+
+def _sweep(audit: LayerNormAudit, points: Sequence[Tuple[float, npt.NDArray[Any]]],
+           cache: Optional[ExactCache] = None) -> Sweep:
     probe = audit._probe()
     lines = _lines(audit, probe)
     errors: Dict[str, List[float]] = {label: [] for label, _ in lines}
     for _, x in points:
-        exact = exact_layer_norm(x, probe.eps)
+        exact = _exact(x, probe.eps, cache)
         for label, normalize in lines:
             try:
                 got = normalize(x)
@@ -144,10 +159,11 @@ def _sweep(audit: LayerNormAudit, points: Sequence[Tuple[float, npt.NDArray[Any]
                  {label: tuple(e) for label, e in errors.items()})
 
 
-def measure(audit: LayerNormAudit) -> Tuple[Sweep, Sweep]:
+def measure(audit: LayerNormAudit, cache: Optional[ExactCache] = None) -> Tuple[Sweep, Sweep]:
     """Measure the errors behind :meth:`AuditReport.plot`: against the
     common offset (at d = 64, or the implementation's d), then against d
-    (at offset 10)."""
+    (at offset 10). ``cache`` keeps the exact outputs for other audits of
+    the same inputs."""
     probe = audit._probe()
     rng = probe.rng("plot")
     d = probe.d(OFFSET_SWEEP_D)
@@ -160,7 +176,7 @@ def measure(audit: LayerNormAudit) -> Tuple[Sweep, Sweep]:
         by_offset.append((offset, probe.cast(offset + spread * _standard_rows(rng, d))))
     sizes = SIZES if audit.impl.d is None else (audit.impl.d,)
     by_size = [(float(n), probe.cast(SIZE_SWEEP_OFFSET + _standard_rows(rng, n))) for n in sizes]
-    return _sweep(audit, by_offset), _sweep(audit, by_size)
+    return _sweep(audit, by_offset, cache), _sweep(audit, by_size, cache)
 
 
 def _standard_rows(rng: np.random.Generator, d: int) -> npt.NDArray[np.float64]:
@@ -254,3 +270,94 @@ def _panel(ax: Axes, sweep: Sweep, tol: Tolerance, floor: float, *, xlabel: str,
     ax.set_ylabel("max error, in units of the tolerance")
     ax.set_title(title, fontsize="medium")
     ax.grid(True, which="major", alpha=0.3)
+
+
+#: Colours of a comparison's lines, one per implementation (cycled).
+_MANY_COLOURS: Tuple[str, ...] = ("#cf222e", "#0969da", "#1a7f37", "#8250df", "#bf8700",
+                                  "#e16f24", "#1b7c83", "#bf3989", "#57606a", "#953800")
+_MANY_MARKERS: Tuple[str, ...] = ("o", "s", "D", "v", "^", "P", "X", "<", ">", "h")
+
+
+def plot_many(audits: Dict[str, Any], axes: Optional[Sequence[Axes]] = None) -> Figure:
+    """The two panels of :func:`plot_report` with one line per LayerNorm
+    forward audit in ``audits`` (by name; others are left out and named in
+    the title), plus layernorm_c and the float64 reference as measured for
+    the first."""
+    from ._audit import LayerNormAudit
+
+    plt = _pyplot()
+    if axes is not None and len(axes) != 2:
+        raise ValueError(f"axes: expected two matplotlib Axes (offset, d), got {len(axes)}")
+    usable = {n: a for n, a in audits.items() if isinstance(a, LayerNormAudit)}
+    left_out = [n for n in audits if n not in usable]
+    if not usable:
+        raise ValueError("plot: no column is a LayerNorm forward audit with its implementation "
+                         f"(left out: {left_out}); only those can be plotted")
+    cache: ExactCache = {}
+    measured = {n: measure(a, cache) for n, a in usable.items()}
+    if axes is None:
+        figure = plt.figure(figsize=(12.0, 5.6), layout="constrained")
+        plt.close(figure)
+        ax_offset, ax_size = figure.subplots(1, 2)
+    else:
+        ax_offset, ax_size = axes
+        figure = ax_offset.figure
+    first = next(iter(usable))
+    first_labels = line_labels(usable[first])
+    floor = min(float(np.finfo(np.float64).eps) / max(a.tolerance.atol + a.tolerance.rtol, 1e-300)
+                for a in usable.values())
+    for ax, which in ((ax_offset, 0), (ax_size, 1)):
+        for i, (name, sweeps) in enumerate(measured.items()):
+            sweep = sweeps[which]
+            label = f"{name} ({usable[name].dtype.name})"
+            errors = sweep.errors[line_labels(usable[name])[0]]
+            style = {"color": _MANY_COLOURS[i % len(_MANY_COLOURS)],
+                     "marker": _MANY_MARKERS[i % len(_MANY_MARKERS)], "linewidth": 1.6,
+                     "zorder": 3}
+            _draw(ax, sweep.x, errors, label, style, floor)
+        for j, style in ((1, _STYLES[1]), (2, _STYLES[2])):
+            sweep = measured[first][which]
+            plain = {k: v for k, v in style.items() if k != "color"}
+            _draw(ax, sweep.x, sweep.errors[first_labels[j]], first_labels[j],
+                  {**plain, "color": "#000000" if j == 1 else "#6e7781", "zorder": 2}, floor)
+        ax.axhline(1.0, color="#9a6700", linestyle="--", linewidth=1.0,
+                   label="tolerance of each one's dtype")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_ylabel("max error, in units of its tolerance")
+        ax.grid(True, which="major", alpha=0.3)
+    ax_offset.set_xlabel("common offset of the records")
+    ax_offset.set_title(f"error against a common offset (d={OFFSET_SWEEP_D}, or the fixed d)",
+                        fontsize="medium")
+    ax_size.set_xlabel("d (features per record)")
+    ax_size.set_title(f"error against d (records N({SIZE_SWEEP_OFFSET:g}, 1))", fontsize="medium")
+    ax_size.set_xscale("log", base=2)
+    ax_size.set_xticks(list(SIZES), [f"{n:g}" for n in SIZES])
+    ax_size.minorticks_off()
+    handles: Dict[str, Any] = {}
+    for ax in (ax_offset, ax_size):
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(label, handle)
+    title = "LayerNorm implementations side by side: max error against the exact LayerNorm"
+    if left_out:
+        title += f"\n(not plotted: {', '.join(left_out)})"
+    if axes is None:
+        figure.suptitle(title, fontsize="medium")
+        figure.legend(list(handles.values()), list(handles), loc="outside lower center",
+                      ncols=3, fontsize="small", frameon=False)
+    else:
+        ax_offset.legend(list(handles.values()), list(handles), fontsize="small")
+    return cast("Figure", figure)
+
+
+def _draw(ax: Axes, xs: Sequence[float], errors: Sequence[float], label: str,
+          style: Dict[str, Any], floor: float) -> None:
+    """One line of errors (non-finite outputs: a cross at the top edge)."""
+    x = np.asarray(xs)
+    e = np.asarray(errors)
+    ax.plot(x, np.where(np.isfinite(e), np.maximum(e, floor), np.nan), label=label, **style)
+    bad = np.isinf(e)
+    if bad.any():
+        ax.plot(x[bad], np.full(int(bad.sum()), 0.97), linestyle="none", marker="X",
+                markersize=9, color=style["color"], transform=ax.get_xaxis_transform(),
+                clip_on=False)

@@ -8,9 +8,9 @@ if TYPE_CHECKING:
     from typing_extensions import Unpack
 
 from ._adapters import Framework, Implementation, LayerNormLike, adapt
-from ._audit import ForwardAudit, RMSAudit, RMSAuditOptions, raise_on_failure
+from ._audit import ForwardAudit, RMSAudit, RMSAuditOptions, check_op, raise_on_failure
 from ._checks import Check
-from ._ops import Convention
+from ._ops import Convention, rms_norm_op
 from ._report import AuditReport
 from ._rms_checks import RMS_REGISTRY
 
@@ -40,6 +40,7 @@ def adapt_rms(fn: LayerNormLike, signature: Optional[str], framework: Framework,
         fn, signature = call, "x, weight, eps"
     impl = adapt(fn, signature or DEFAULT_RMS_SIGNATURE, framework, name=name, d=d,
                  leading_shape=leading_shape)
+    check_op(impl, rms_norm_op(convention))
     if impl.takes_bias:
         raise ValueError(f"signature: an RMSNorm takes no bias, but {impl.name} is declared "
                          f"with one ({signature!r}); give a signature without 'bias'")
@@ -58,8 +59,9 @@ class RMSNormAudit(RMSAudit, ForwardAudit):
         The RMSNorm under audit, by default called as ``fn(x, weight, eps)``
         on NumPy arrays. ``torch.nn.functional.rms_norm`` and a
         ``torch.nn.RMSNorm`` (or any module with a ``weight`` and an
-        ``eps``), flax's ``linen.RMSNorm`` and ``nnx.RMSNorm`` are
-        recognized; see :func:`adapt` for other conventions.
+        ``eps``), flax's ``linen.RMSNorm`` and ``nnx.RMSNorm``, equinox's
+        ``nn.RMSNorm``, keras's ``RMSNormalization`` and an ONNX model's
+        ``RMSNormalization`` node are recognized; see :func:`adapt` for other conventions.
     convention : {'weight', '1+weight'}, optional
         How the weight scales: ``'weight'`` (LLaMA, Qwen, T5; default) or
         ``'1+weight'`` (Gemma). The scale check names an implementation of
@@ -72,7 +74,8 @@ class RMSNormAudit(RMSAudit, ForwardAudit):
     dtype : {'float32', 'float64', 'float16', 'bfloat16'}, optional
         The dtype of every input (the float16 overflow check always uses
         float16, the accumulation check float16 unless the audit is in
-        bfloat16). ``'bfloat16'`` needs ml_dtypes. Default ``'float32'``.
+        bfloat16). ``'bfloat16'`` needs ml_dtypes. Default: the object's own
+        (see :attr:`Implementation.dtype`), else ``'float32'``.
     eps : float, optional
         The eps passed to ``fn``; for an implementation that takes none, the
         eps it uses. Default ``1e-6`` (``layernorm_c.rms_norm``'s).
