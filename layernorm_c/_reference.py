@@ -308,6 +308,13 @@ def _exact_sum(terms: NDArray[np.float64], records: Tuple[int, ...],
     d = math.prod(norm_shape)
     # Records first, features last: one column per feature.
     columns = np.moveaxis(terms, list(records), list(range(len(records)))).reshape(-1, d)
+    if len(columns) <= 2:
+        # One or two terms: their float64 sum is the exact sum rounded once
+        # (and overflows to +-inf, propagates NaN, as the loop below does),
+        # without a Python loop over (possibly 2^20) features.
+        with np.errstate(over="ignore", invalid="ignore"):
+            total: NDArray[np.float64] = columns.sum(axis=0).reshape(norm_shape)
+        return total
     out: List[float] = []
     for column in columns.T:
         if not np.isfinite(column).all():

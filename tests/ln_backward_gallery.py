@@ -17,6 +17,8 @@ def _sum(terms):
     """The sum over the records (all axes but the last) of each feature's
     terms, exact and rounded once: independent of the records' order."""
     flat = np.asarray(terms, np.float64).reshape(-1, np.shape(terms)[-1])
+    if len(flat) <= 2:
+        return flat.sum(axis=0)  # a sum of two is rounded once: exact and fast at large d
     return np.array([math.fsum(column) for column in flat.T.tolist()])
 
 
@@ -225,3 +227,28 @@ class AccumulatingGradients:
         sw, sb = self.sums.get(d, (0.0, 0.0))
         self.sums[d] = (sw + dweight, sb + dbias)
         return dx, self.sums[d][0].copy(), self.sums[d][1].copy()
+
+
+def sequential_float32(dy, x, weight, bias, eps):
+    """In float32, every sum over the record (the statistics, mean(g),
+    mean(g * xhat)) one running sum, a naive loop's: correct at small d,
+    but dx's error grows with d."""
+    x = np.asarray(x)
+    x32, dy32 = x.astype(np.float32), np.asarray(dy).astype(np.float32)
+    d = np.float32(x32.shape[-1])
+
+    def mean(a):
+        return np.cumsum(a, axis=-1)[..., -1:] / d
+
+    c = x32 - mean(x32)
+    rstd = np.float32(1) / np.sqrt(mean(c * c) + np.float32(eps))
+    xhat = c * rstd
+    g = dy32 if weight is None else dy32 * np.asarray(weight, np.float32)
+    dx = rstd * (g - mean(g) - xhat * mean(g * xhat))
+    return dx.astype(x.dtype), _sum(dy32 * xhat).astype(np.float32), _sum(dy32).astype(np.float32)
+
+
+def float32_eps(dy, x, weight, bias, eps):
+    """The textbook backward, with eps rounded to float32 first (as an ONNX
+    attribute stores it)."""
+    return _textbook(dy, x, weight, float(np.float32(eps)))

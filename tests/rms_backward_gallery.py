@@ -63,3 +63,21 @@ def plus_one_scale(dy, x, weight, eps):
 def dweight_negated(dy, x, weight, eps):
     """dweight = -sum(dy * xhat)."""
     return _backward(dy, x, weight, eps, dweight_sign=-1.0)
+
+
+def sequential_float32(dy, x, weight, eps):
+    """In float32, the sums over the record (the mean square and
+    mean(g * xhat)) running sums, a naive loop's: dx's error grows with d."""
+    x = np.asarray(x)
+    x32, dy32 = x.astype(np.float32), np.asarray(dy).astype(np.float32)
+    d = np.float32(x32.shape[-1])
+
+    def mean(a):
+        return np.cumsum(a, axis=-1)[..., -1:] / d
+
+    rstd = np.float32(1) / np.sqrt(mean(x32 * x32) + np.float32(eps))
+    xhat = x32 * rstd
+    g = dy32 if weight is None else dy32 * np.asarray(weight, np.float32)
+    dx = rstd * (g - xhat * mean(g * xhat))
+    dweight = (dy32 * xhat).reshape(-1, x.shape[-1]).sum(axis=0)
+    return dx.astype(x.dtype), dweight.astype(x.dtype)

@@ -161,3 +161,31 @@ def order_depends_on_batch(x, weight, eps):
     if weight is not None:
         y = y * np.asarray(weight, np.float32)
     return y.astype(x.dtype)
+
+
+def sequential_float32(x, weight, eps):
+    """In float32, the sum of squares one running sum (a naive loop):
+    correct at small d, but its rounding error grows with d."""
+    x = np.asarray(x)
+    x32 = x.astype(np.float32)
+    ms = np.cumsum(x32 * x32, axis=-1)[..., -1:] / np.float32(x32.shape[-1])
+    y = x32 / np.sqrt(ms + np.float32(eps))
+    if weight is not None:
+        y = y * np.asarray(weight, np.float32)
+    return y.astype(x.dtype)
+
+
+#: The eps ``builtin_eps`` uses whatever it is told.
+BUILTIN_EPS = 1e-5
+
+
+def builtin_eps(x, weight):
+    """Takes no eps and uses its own, 1e-5: audited with RMSNorm's default
+    1e-6 (``signature="x, weight"``), it uses another eps than declared."""
+    return numpy_float64(x, weight, BUILTIN_EPS)
+
+
+def float32_eps(x, weight, eps):
+    """Correct in float64, but eps rounded to float32 first (as an ONNX
+    attribute stores it)."""
+    return numpy_float64(x, weight, float(np.float32(eps)))

@@ -92,7 +92,7 @@ def test_check_layer_norm_raises_with_the_diagnosis():
         check_layer_norm(ln_gallery.eps_twice)
     message = str(info.value)
     assert message.startswith("LayerNorm audit of ")
-    assert "2 of 13 checks failed" in message
+    assert "2 of 14 checks failed" in message
     assert "- eps (" in message and "eps applied twice" in message
     assert "\ncheck " in message  # followed by the whole table
 

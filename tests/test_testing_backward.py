@@ -25,6 +25,7 @@ from layernorm_c.testing import (
     layer_norm_backward_checks,
 )
 from layernorm_c.testing._backward_numerics import decompose_dx, model_dx, record_terms
+from layernorm_c.testing._report import contradictions
 from layernorm_c.testing._cli import main
 
 #: Checks that report a symptom (wrong numbers) without naming a cause.
@@ -66,6 +67,10 @@ GALLERY = [
     (gallery.batch_max_scaling, "nonfinite", ["NaN/Inf leaks into other records' dx"], True),
     (gallery.AccumulatingGradients, "state", ["parameter gradients accumulate across calls"],
      True),
+    (gallery.sequential_float32, "large_d",
+     ["the error grows with d", "max dx error by d: 2^10",
+      "dx's sums (mean(g) and mean(g * xhat)) or the statistics are accumulated in one "
+      "running sum"], True),
 ]
 
 
@@ -88,6 +93,17 @@ def test_gallery_defect_is_named(impl, check, words, exclusive):
         others = {r.name for r in report.failures} - {check}
         assert others <= SYMPTOMS, str(report)
         assert not report.warnings, str(report)
+    assert contradictions(report.results) == {}, str(report)
+
+
+def test_float32_rounded_eps_is_named_in_float64():
+    report = LayerNormBackwardAudit(gallery.float32_eps, dtype="float64").run()
+    result = report["eps"]
+    assert result.status == "fail", str(report)
+    for word in ("eps rounded to float32 in the backward", "9.999999747378752e-06 for eps=1e-05",
+                 "eps in use 9.9999997e-06"):
+        assert word in result.diagnosis + result.figure, str(report)
+    assert {r.name for r in report.failures} - {"eps"} <= SYMPTOMS, str(report)
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float16"])
@@ -193,8 +209,12 @@ def test_fixed_leading_shape_still_names_the_summed_axes():
                                   layernorm_c.LayerNorm(32)],
                          ids=["layer_norm_backward", "reference", "LayerNorm_layer"])
 def test_layernorm_c_and_the_reference_pass_everything(impl, dtype):
-    report = LayerNormBackwardAudit(impl, dtype=dtype).run()
-    assert [r.status for r in report] == ["pass"] * len(BACKWARD_CHECKS), str(report)
+    checks = list(BACKWARD_CHECKS)
+    report = LayerNormBackwardAudit(impl, dtype=dtype).run(checks)
+    expected = {name: "pass" for name in checks}
+    if isinstance(impl, layernorm_c.LayerNorm):
+        expected["large_d"] = "skip"  # a layer has its own d
+    assert {r.name: r.status for r in report} == expected, str(report)
 
 
 def test_numpy_float32_backward_passes():
@@ -213,7 +233,14 @@ def test_default_battery_is_fast():
 def test_torch_autograd_passes(dtype):
     torch = pytest.importorskip("torch")
     report = LayerNormBackwardAudit(torch.nn.functional.layer_norm, dtype=dtype).run()
-    assert report.ok, str(report)
+    # torch's CPU backward sums dy * weight * x (x not centred) in running
+    # vector sums: in float32 and float64 dx's error grows with d (from a
+    # few units of roundoff at d = 2^10 to hundreds at 2^20, as
+    # docs/validating.rst reports). That is a finding, named as such; every
+    # other check passes.
+    assert {r.name for r in report.failures} <= {"large_d"}, str(report)
+    if not report.ok:
+        assert "the error grows with d" in report["large_d"].diagnosis
     assert report.title.endswith(f"({dtype}, eps=1e-05, torch autograd)")
     # torch sums the parameter gradients in an order that depends on the
     # layout and the thread count: the one legitimate warning.
@@ -232,7 +259,7 @@ def test_torch_module_with_its_own_eps_and_size():
     no_affine = LayerNormBackwardAudit(torch.nn.LayerNorm(16, elementwise_affine=False)).run()
     assert no_affine.ok, str(no_affine)
     assert {r.name for r in no_affine.skipped} == {"param_grads", "param_sums",
-                                                   "param_invariance"}
+                                                   "param_invariance", "large_d"}
 
 
 def test_torch_modules_with_defects_are_named():

@@ -85,11 +85,17 @@ def test_onnxruntime_layer_norm_and_rms_norm_nodes_pass(two_kinds):
     pytest.importorskip("onnxruntime")
     impls = from_onnx(two_kinds)
     report = LayerNormAudit(impls[0]).run()
-    assert report.ok and not report.warnings, str(report)
+    # onnxruntime's float32 LayerNormalization accumulates its sums in running
+    # sums: its error grows with d (1.32: 147 units of roundoff at d = 2^20),
+    # which the large-d check names; every other check passes.
+    assert {r.name for r in report.failures} <= {"large_d"} and not report.warnings, str(report)
+    if not report.ok:
+        assert "the error grows with d" in report["large_d"].diagnosis
     assert "float32 (its own), eps=9.99999974737875" in report.title
     assert "the node's float32 attribute" in report.title
     rms = RMSNormAudit(impls[2]).run()
-    assert rms.ok, str(rms)
+    # (Its RMSNormalization too: error ~ d^0.7, 5e-05 at d = 2^20.)
+    assert {r.name for r in rms.failures} <= {"large_d"}, str(rms)
     with pytest.raises(ValueError, match="is an RMSNorm; audit it with RMSNormAudit"):
         LayerNormAudit(impls[2])
     with pytest.raises(ValueError, match="uses its own eps"):
@@ -169,8 +175,12 @@ def test_cli_audits_an_onnx_file(tmp_path, two_kinds, capsys):
     pytest.importorskip("onnxruntime")
     one = tmp_path / "one.onnx"
     onnx.save(_onnx_model(lambda h: [_ln(h, "norm", "X", "Y")], ["b", 8]), str(one))
-    assert main([str(one)]) == 0
+    code = main([str(one)])
     out = capsys.readouterr().out
+    # Every check passes but large_d, which names onnxruntime's float32 error
+    # growing with d (see test_onnxruntime_layer_norm_and_rms_norm_nodes_pass).
+    failed = [line.split()[0] for line in out.splitlines() if "  FAIL  " in line]
+    assert failed == ([] if code == 0 else ["large_d"]), out
     assert out.startswith("LayerNorm audit of onnxruntime LayerNormalization norm (float32 (its "
                           "own), eps=9.99999974737875")
     assert main([str(one), "--onnx-runtime", "reference", "--checks", "reference"]) == 0

@@ -7,6 +7,7 @@ import pytest
 import layernorm_c
 import ln_gallery
 from layernorm_c.testing import CHECKS, LayerNormAudit, from_torch
+from layernorm_c.testing._report import contradictions
 
 #: Checks that only report a symptom (wrong numbers) without naming a cause;
 #: any defect may fail them.
@@ -33,6 +34,19 @@ GALLERY = [
     (ln_gallery.one_pass_float32, "cancellation", ["E[x^2] - E[x]^2"], True),
     (ln_gallery.float16_native, "float16_overflow", ["float16 overflow", "65504"], True),
     (ln_gallery.batch_max_scaling, "nonfinite", ["NaN/Inf leaks", "a NaN in record"], True),
+    (ln_gallery.sequential_float32, "large_d",
+     ["the error grows with d", "max output error by d: 2^10", "2^20",
+      "accumulated in one running sum (sequentially)"], True),
+]
+
+# Defects that need an option to show: (implementation, options, check, words).
+WITH_OPTIONS = [
+    (ln_gallery.builtin_eps, {"signature": "x, weight, bias"}, "eps",
+     ["another eps than declared", "the outputs fit eps = 0.001", "not the declared eps=1e-05",
+      "audit with eps=0.001"]),
+    (ln_gallery.float32_eps, {"dtype": "float64"}, "eps",
+     ["eps rounded to float32", "9.999999747378752e-06 for eps=1e-05",
+      "Declare the eps it uses (eps=9.999999747378752e-06)"]),
 ]
 
 
@@ -55,6 +69,23 @@ def test_gallery_defect_is_named(impl, check, words, exclusive):
         # No other check blames a different defect.
         others = {r.name for r in report.failures} - {check}
         assert others <= SYMPTOMS, str(report)
+    # The whole report is consistent: no two checks contradict each other.
+    assert contradictions(report.results) == {}, str(report)
+
+
+@pytest.mark.parametrize("impl, options, check, words", WITH_OPTIONS,
+                         ids=[g[0].__name__ for g in WITH_OPTIONS])
+def test_gallery_defect_with_options_is_named(impl, options, check, words):
+    report = LayerNormAudit(impl, **options).run()
+    result = report[check]
+    assert result.status == "fail", str(report)
+    for word in words:
+        assert word in result.diagnosis, result.diagnosis
+    # Another eps than declared is named once, by the eps check: no false
+    # float16 statistics, no unexplained variance.
+    assert {r.name for r in report.failures} - {check} <= SYMPTOMS, str(report)
+    assert "matches no" not in str(report)
+    assert contradictions(report.results) == {}, str(report)
 
 
 def test_sample_variance_figure_is_the_ratio():
@@ -165,7 +196,8 @@ def test_torch_module_without_affine_skips_the_affine_check():
     report = LayerNormAudit(torch.nn.LayerNorm(16, elementwise_affine=False),
                             dtype="float64").run()
     assert report.ok, str(report)
-    assert [r.name for r in report.skipped] == ["affine"]
+    # (A module has its own d: the large-d check, which varies d, is skipped too.)
+    assert [r.name for r in report.skipped] == ["affine", "large_d"]
 
 
 def test_torch_module_with_a_defect_is_caught():

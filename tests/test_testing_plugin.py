@@ -66,7 +66,7 @@ def test_failing_items_carry_the_diagnosis(pytester):
             layer_norm_check(sample_variance)
     """)
     result = pytester.runpytest(*PLUGIN, "-rf")
-    result.assert_outcomes(passed=9, failed=4)
+    result.assert_outcomes(passed=10, failed=4)
     result.stdout.fnmatch_lines([
         "*_ test_broken?variance? _*",
         "sample variance: outputs are sqrt((d - 1)/d) = 0.9354 times the reference at d=8*",
@@ -87,15 +87,15 @@ def test_audit_fixture_fails_once_with_the_whole_report(pytester):
 
         def test_ours(layer_norm_audit):
             report = layer_norm_audit(ours, dtype="float64")
-            assert report.ok and len(report) == 13
+            assert report.ok and len(report) == 14
     """)
     result = pytester.runpytest(*PLUGIN)
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines([
-        "*4 of 13 checks failed",
+        "*4 of 14 checks failed",
         "- variance (*): sample variance*",
         "check * status * figure * diagnosis",
-        "13 checks: 9 passed, 4 failed, 0 warned, 0 skipped",
+        "14 checks: 10 passed, 4 failed, 0 warned, 0 skipped",
     ])
 
 
@@ -116,7 +116,7 @@ def test_options_marker_and_warnings(pytester):
             layer_norm_check(float32_only)
     """)
     result = pytester.runpytest(*PLUGIN, "-v", "-rs")
-    result.assert_outcomes(passed=3 + 12 + 12, skipped=1, warnings=1)
+    result.assert_outcomes(passed=3 + 13 + 13, skipped=1, warnings=1)
     result.stdout.fnmatch_lines([
         "*test_selected?batch_invariance? PASSED*",
         "*LayerNormAuditWarning*not batch-invariant: max difference * ulp*",
@@ -143,7 +143,7 @@ def test_parametrize_over_checks_without_the_fixture(pytester):
         def test_mine(check):
             check_layer_norm(ours, checks=[check])
     """)
-    pytester.runpytest().assert_outcomes(passed=12)
+    pytester.runpytest().assert_outcomes(passed=13)
 
 
 def test_unknown_check_in_marker_is_a_usage_error(pytester):

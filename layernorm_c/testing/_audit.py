@@ -10,10 +10,10 @@ import numpy.typing as npt
 
 from ._adapters import Framework, Implementation, LayerNormLike, adapt
 from ._checks import REGISTRY, Check, run_check
-from ._numerics import Tolerance, tolerance_for
+from ._numerics import MODES, Mode, Tolerance, tolerance_for
 from ._ops import LAYER_NORM, Convention, Op, audit_dtype, rms_norm_op
 from ._probe import Declared, Probe
-from ._report import AuditReport, CheckResult
+from ._report import AuditReport, CheckResult, link_causes
 
 __all__ = ["Audit", "ForwardAudit", "RMSAudit", "AuditOptions", "RMSAuditOptions", "LayerNormAudit", "check_layer_norm", "LayerNormAuditWarning"]
 
@@ -36,7 +36,11 @@ class Audit:
 
     def _setup(self, op: Op, dtype: Optional[npt.DTypeLike], eps: Optional[float], default_eps: float,
                rtol: Optional[float], atol: Optional[float], seed: int,
-               strict_batch_invariance: bool) -> None:
+               strict_batch_invariance: bool, mode: Mode = "default") -> None:
+        if mode not in MODES:
+            raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
+        #: How much the checks measure: 'quick', 'default' or 'thorough'.
+        self.mode: Mode = mode
         self.op = op
         own_dtype = getattr(self.impl, "dtype", None)
         #: Whether the dtype is the object's own (none was given).
@@ -64,6 +68,8 @@ class Audit:
             parts.append(f"leading shape {self.impl.leading_shape}")
         if self.op.plus_one:
             parts.append("scale 1 + weight")
+        if self.mode != "default":
+            parts.append(self.mode)
         title = f"{self.op.name} {self.kind} of {self.impl.name} ({', '.join(parts)})"
         details = getattr(self.impl, "details", None)
         if details:
@@ -92,7 +98,9 @@ class Audit:
         names = selected_checks(checks, tuple(self.registry))
         # One probe per check, so each check sees fresh random streams and a
         # check's outcome does not depend on which others ran.
-        return AuditReport(self.title, [self._run_check(n) for n in names], self)
+        results = [self._run_check(n) for n in names]
+        complete = set(names) == set(self.registry)
+        return AuditReport(self.title, link_causes(results, complete), self)
 
     def _run_check(self, name: str) -> CheckResult:
         raise NotImplementedError
@@ -116,7 +124,7 @@ class ForwardAudit(Audit):
 
     def _probe(self) -> Probe:
         return Probe(self.impl, self.dtype, self.eps, self.tolerance, self.seed,
-                     self.strict_batch_invariance, self.op)
+                     self.strict_batch_invariance, self.op, self.mode)
 
 
 class AuditOptions(TypedDict, total=False):
@@ -134,6 +142,7 @@ class AuditOptions(TypedDict, total=False):
     seed: int
     strict_batch_invariance: bool
     name: Optional[str]
+    mode: Mode
 
 
 class RMSAuditOptions(AuditOptions, total=False):
@@ -153,11 +162,12 @@ class RMSAudit(Audit):
                  dtype: Optional[npt.DTypeLike] = None, eps: Optional[float] = None,
                  d: Optional[int] = None, leading_shape: Optional[Sequence[int]] = None,
                  rtol: Optional[float] = None, atol: Optional[float] = None, seed: int = 0,
-                 strict_batch_invariance: bool = False, name: Optional[str] = None) -> None:
+                 strict_batch_invariance: bool = False, name: Optional[str] = None,
+                 mode: Mode = "default") -> None:
         op = rms_norm_op(convention)
         self.convention: Convention = op.convention
         self._adapt(fn, signature, framework, name, d, leading_shape)
-        self._setup(op, dtype, eps, 1e-6, rtol, atol, seed, strict_batch_invariance)
+        self._setup(op, dtype, eps, 1e-6, rtol, atol, seed, strict_batch_invariance, mode)
 
     def _adapt(self, fn: Any, signature: Optional[str], framework: Framework,
                name: Optional[str], d: Optional[int],
@@ -205,6 +215,11 @@ class LayerNormAudit(ForwardAudit):
         around it. Default False.
     name : str, optional
         How the report names ``fn``.
+    mode : {'default', 'quick', 'thorough'}, optional
+        How much is measured: ``'quick'`` runs the large-d check on fewer
+        sizes (under 2 s in all for a fast implementation), ``'thorough'``
+        up to d = 2^22 with more records (minutes for a slow one). Default
+        ``'default'``: up to d = 2^20, under 10 s for a fast implementation.
 
     Examples
     --------
@@ -220,10 +235,12 @@ class LayerNormAudit(ForwardAudit):
                  eps: Optional[float] = None, d: Optional[int] = None,
                  leading_shape: Optional[Sequence[int]] = None, rtol: Optional[float] = None,
                  atol: Optional[float] = None, seed: int = 0,
-                 strict_batch_invariance: bool = False, name: Optional[str] = None) -> None:
+                 strict_batch_invariance: bool = False, name: Optional[str] = None,
+                 mode: Mode = "default") -> None:
         self.impl = adapt(fn, signature, framework, name=name, d=d, leading_shape=leading_shape)
         check_op(self.impl, LAYER_NORM)
-        self._setup(LAYER_NORM, dtype, eps, 1e-5, rtol, atol, seed, strict_batch_invariance)
+        self._setup(LAYER_NORM, dtype, eps, 1e-5, rtol, atol, seed, strict_batch_invariance,
+                    mode)
 
 
 def check_layer_norm(fn: LayerNormLike, *, checks: Optional[Iterable[str]] = None,
@@ -232,7 +249,7 @@ def check_layer_norm(fn: LayerNormLike, *, checks: Optional[Iterable[str]] = Non
                      d: Optional[int] = None, leading_shape: Optional[Sequence[int]] = None,
                      rtol: Optional[float] = None, atol: Optional[float] = None, seed: int = 0,
                      strict_batch_invariance: bool = False,
-                     name: Optional[str] = None) -> AuditReport:
+                     name: Optional[str] = None, mode: Mode = "default") -> AuditReport:
     """Audit ``fn`` and raise if any check fails.
 
     Parameters
@@ -243,7 +260,7 @@ def check_layer_norm(fn: LayerNormLike, *, checks: Optional[Iterable[str]] = Non
         Names from :data:`CHECKS`; default all.
     signature, framework, dtype, eps, d, leading_shape : optional
         As for :class:`LayerNormAudit`.
-    rtol, atol, seed, strict_batch_invariance, name : optional
+    rtol, atol, seed, strict_batch_invariance, name, mode : optional
         As for :class:`LayerNormAudit`.
 
     Returns
@@ -268,7 +285,7 @@ def check_layer_norm(fn: LayerNormLike, *, checks: Optional[Iterable[str]] = Non
     report = LayerNormAudit(fn, signature=signature, framework=framework, dtype=dtype, eps=eps,
                             d=d, leading_shape=leading_shape, rtol=rtol, atol=atol, seed=seed,
                             strict_batch_invariance=strict_batch_invariance,
-                            name=name).run(checks)
+                            name=name, mode=mode).run(checks)
     return raise_on_failure(report, stacklevel=3)
 
 

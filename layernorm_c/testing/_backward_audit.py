@@ -19,6 +19,7 @@ from ._backward_checks import BACKWARD_REGISTRY, BackwardCheck, run_backward_che
 from ._backward_numerics import BackwardTolerance, backward_tolerance
 from ._backward_probe import BackwardProbe
 from ._rms_backward_checks import RMS_BACKWARD_REGISTRY
+from ._numerics import Mode
 from ._ops import LAYER_NORM, Convention
 from ._report import AuditReport, CheckResult
 
@@ -71,6 +72,9 @@ class LayerNormBackwardAudit(Audit):
         thread count. Default False.
     name : str, optional
         How the report names ``fn``.
+    mode : {'default', 'quick', 'thorough'}, optional
+        How much is measured (the large-d check's sweep), as for
+        :class:`~layernorm_c.testing.LayerNormAudit`.
 
     Examples
     --------
@@ -90,10 +94,12 @@ class LayerNormBackwardAudit(Audit):
                  eps: Optional[float] = None, d: Optional[int] = None,
                  leading_shape: Optional[Sequence[int]] = None, rtol: Optional[float] = None,
                  atol: Optional[float] = None, seed: int = 0,
-                 strict_batch_invariance: bool = False, name: Optional[str] = None) -> None:
+                 strict_batch_invariance: bool = False, name: Optional[str] = None,
+                 mode: Mode = "default") -> None:
         self.impl: BackwardImplementation = adapt_backward(
             fn, signature, framework, name=name, d=d, leading_shape=leading_shape)
-        self._setup(LAYER_NORM, dtype, eps, 1e-5, rtol, atol, seed, strict_batch_invariance)
+        self._setup(LAYER_NORM, dtype, eps, 1e-5, rtol, atol, seed, strict_batch_invariance,
+                    mode)
 
     @property
     def tolerance(self) -> BackwardTolerance:
@@ -109,7 +115,7 @@ class LayerNormBackwardAudit(Audit):
 
     def _probe(self) -> BackwardProbe:
         return BackwardProbe(self.impl, self.dtype, self.eps, self.override, self.seed,
-                             self.strict_batch_invariance, self.op)
+                             self.strict_batch_invariance, self.op, self.mode)
 
 
 def check_layer_norm_backward(fn: BackwardLike, *, checks: Optional[Iterable[str]] = None,
@@ -119,7 +125,8 @@ def check_layer_norm_backward(fn: BackwardLike, *, checks: Optional[Iterable[str
                               leading_shape: Optional[Sequence[int]] = None,
                               rtol: Optional[float] = None, atol: Optional[float] = None,
                               seed: int = 0, strict_batch_invariance: bool = False,
-                              name: Optional[str] = None) -> AuditReport:
+                              name: Optional[str] = None,
+                              mode: Mode = "default") -> AuditReport:
     """Audit the backward ``fn`` and raise if any check fails.
 
     Parameters
@@ -131,7 +138,7 @@ def check_layer_norm_backward(fn: BackwardLike, *, checks: Optional[Iterable[str
         Names from :data:`~layernorm_c.testing.BACKWARD_CHECKS`; default all.
     signature, framework, dtype, eps, d, leading_shape : optional
         As for :class:`LayerNormBackwardAudit`.
-    rtol, atol, seed, strict_batch_invariance, name : optional
+    rtol, atol, seed, strict_batch_invariance, name, mode : optional
         As for :class:`LayerNormBackwardAudit`.
 
     Returns
@@ -156,7 +163,7 @@ def check_layer_norm_backward(fn: BackwardLike, *, checks: Optional[Iterable[str
     report = LayerNormBackwardAudit(
         fn, signature=signature, framework=framework, dtype=dtype, eps=eps, d=d,
         leading_shape=leading_shape, rtol=rtol, atol=atol, seed=seed,
-        strict_batch_invariance=strict_batch_invariance, name=name).run(checks)
+        strict_batch_invariance=strict_batch_invariance, name=name, mode=mode).run(checks)
     return raise_on_failure(report, stacklevel=3)
 
 
@@ -183,7 +190,7 @@ class RMSNormBackwardAudit(RMSAudit, LayerNormBackwardAudit):
         ``"dy, x, weight, eps -> dx, dweight"``).
     eps : float, optional
         The forward's eps. Default ``1e-6``.
-    strict_batch_invariance, name : optional
+    strict_batch_invariance, name, mode : optional
         As for :class:`LayerNormBackwardAudit`.
 
     Examples

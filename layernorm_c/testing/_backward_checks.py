@@ -30,9 +30,10 @@ from ._backward_numerics import (BackwardTolerance, Decomposition, Terms, decomp
                                  model_dx)
 from ._backward_probe import BackwardProbe
 from ._checks import (COUPLING_DEFECTS, OFFSETS, _coupling_kind, _fmt_index, _fmt_indices,
-                      _no_eps, eps_probes,
-                      _fmt_row, _growth_per_decade, _identical, _standard_rows)
-from ._numerics import K, Fit, fit, ulp_distance
+                      _fmt_row, _fmt_rows_pair, _gives, _growth_per_decade, _identical,
+                      _no_eps, _standard_rows, eps_probes, large_d_records,
+                      large_d_records_per_size, large_d_sizes, large_d_verdict)
+from ._numerics import K, Fit, distinct, eps_roundings, fit, nonfinite_words, ulp_distance
 from ._ops import is_float, unit_roundoff
 from ._probe import ImplementationError, Param
 from ._report import FAIL, PASS, SKIP, WARN, CheckResult
@@ -264,19 +265,20 @@ def check_hand_rows(p: BackwardProbe) -> CheckResult:
     wrong = []
     for i in np.flatnonzero(units > 1):
         row, g, rstd, scaled, *_ = HAND_BACKWARD[i]
+        shown_got, shown_want = _fmt_rows_pair(got.dx[i].tolist(), want.dx[i].tolist())
         wrong.append(f"x = {_fmt_list(row)}, dy = {_fmt_list(g)} gave dx = "
-                     f"{_fmt_row(got.dx[i].tolist())} instead of {rstd:.6f} * "
-                     f"{_fmt_list(scaled)} = {_fmt_row(want.dx[i].tolist())}")
+                     f"{shown_got} instead of {rstd:.6f} * "
+                     f"{_fmt_list(scaled)} = {shown_want}")
     for name, value, ref, m in (("dweight", got.dweight, want.dweight, mw),
                                 ("dbias", got.dbias, want.dbias, mb)):
         if value is not None and _max(tol.param_units(value, ref, m)) > 1:
-            wrong.append(f"{name} {_fmt_row((value + 0.0).tolist())} instead of "
-                         f"{_fmt_row((ref + 0.0).tolist())}")
+            shown_got, shown_ref = _fmt_rows_pair((value + 0.0).tolist(), (ref + 0.0).tolist())
+            wrong.append(f"{name} {shown_got} instead of {shown_ref}")
     figure = f"max dx error {_max(np.abs(got.dx - want.dx)):.2g}"
     if wrong:
         return CheckResult("hand_rows", FAIL, figure,
-                           f"wrong on the worked examples at eps={eps:g}: {'; '.join(wrong)}. "
-                           "The checks below name the likely cause")
+                           f"wrong on the worked examples at eps={eps:g}: {'; '.join(wrong)}",
+                           {"symptom": True})
     return CheckResult("hand_rows", PASS, figure,
                        "x = [1, 2, 3, 4], dy = [1, 0, 0, 0] -> dx = "
                        f"{_fmt_row(got.dx[0].tolist())} "
@@ -319,18 +321,17 @@ def check_reference(p: BackwardProbe) -> CheckResult:
     if parts[worst] > 1:
         if worst == "dx":
             at = _worst_at(dx_units)
-            where = (f"dx at record {_fmt_index(at[:-1])}, feature {at[-1]} is "
-                     f"{got.dx[at]:.7g} instead of {want.dx[at]:.7g}")
+            where = (f"dx at record {_fmt_index(at[:-1])}, feature {at[-1]} "
+                     f"{_gives(got.dx[at], want.dx[at])}")
         else:
             value = got.dweight if worst == "dweight" else got.dbias
             ref = want.dweight if worst == "dweight" else want.dbias
             assert value is not None
             j = int(np.argmax(np.abs(value - ref)))
-            where = f"{worst}[{j}] is {value[j]:.7g} instead of {ref[j]:.7g}"
+            where = f"{worst}[{j}] {_gives(value[j], ref[j])}"
         return CheckResult("reference", FAIL, figure,
                            f"differs from {p.op.reference_name}_backward (float64) beyond "
-                           f"{tol.dx} ({worst} worst): {where}. The checks below name the "
-                           "likely cause", values)
+                           f"{tol.dx} ({worst} worst): {where}", {**values, "symptom": True})
     return CheckResult("reference", PASS, figure,
                        f"{_and(list(parts))} within tolerance of {p.op.reference_name}_backward "
                        f"(float64) on {math.prod(lead)} random records, random weight",
@@ -594,20 +595,32 @@ def check_eps(p: BackwardProbe) -> CheckResult:
     estimates = candidates[(slope_ddof, "variance")][0]
     shown = ", ".join(f"{e:g}" for e in eps_values)
     in_use = candidates[(slope_ddof, best_mode)][0]
-    figure = ("eps in use " + ", ".join(f"{e:.3g}" for e in in_use)
+    # (The digits that tell the eps in use from the forward's only where
+    # they differ beyond what the measurement resolves.)
+    agrees = fits_with(eps_values) if best_mode == "variance" else False
+    figure = ("eps in use " + ", ".join(f"{e:.3g}" if agrees else distinct(e, g, 3)[0]
+                                        for e, g in zip(in_use, eps_values))
               + (" (on the std)" if best_mode == "std" else "") + f" for eps {shown}")
-    values = {"eps": eps_values, "estimates": in_use, "placement": best_mode}
+    values: Dict[str, Any] = {"eps": eps_values, "estimates": in_use, "placement": best_mode}
     # An RMSNorm's statistic is the mean square, whose root has eps outside.
     v, stat, std_words = (("var", "variance", "eps added to the standard deviation")
                           if p.op.key == "layer_norm" else
                           ("mean(x^2)", "mean square", "eps outside the square root"))
+    claims: Dict[str, Any] = {"denominator": "d-1"} if slope_ddof else {}
     if fits_with(eps_values):
         return CheckResult("eps", PASS, figure,
                            f"the backward's rstd is 1 / sqrt({v} + eps) with the forward's eps "
-                           f"= {shown}{sample}", values)
+                           f"= {shown}{sample}",
+                           {**values, "claims": {**claims, "eps": "as declared"}})
+    values["claims"] = {**claims, "eps": "other"}
     lead = "eps different from the forward's: "
     where = f"on records with {stat} 0.01 to 10 times eps (eps = {shown}) "
-    if fits_with([0.0] * len(eps_values)):
+    rounded = _rounded_eps(eps_values, fits_with)
+    if rounded is not None:
+        name, pairs = rounded
+        why = (f"eps rounded to {name} in the backward: it uses {pairs} (an eps stored as a "
+               f"{name} number), which {p.dtype} gradients show")
+    elif fits_with([0.0] * len(eps_values)):
         why = f"eps ignored in the backward: its rstd is 1 / sqrt({v}), as if eps were 0"
     elif fits_with([2 * e for e in eps_values]):
         why = f"eps applied twice in the backward: its rstd is 1 / sqrt({v} + 2*eps)"
@@ -627,7 +640,7 @@ def check_eps(p: BackwardProbe) -> CheckResult:
                    "whatever the forward's (a hard-coded or default eps)")
         elif len(eps_values) > 1 and fits_with([constant] * len(eps_values)):
             why = (f"the backward does not use the eps it is given: it uses eps = "
-                   f"{constant:.3g} whatever the forward's")
+                   f"{distinct(constant, nearest, 3)[0]} whatever the forward's")
         elif fits_with([ratio * e for e in eps_values]):
             why = f"the backward uses {ratio:.3g} times the forward's eps"
         elif fits_with(estimates):
@@ -640,6 +653,20 @@ def check_eps(p: BackwardProbe) -> CheckResult:
     return CheckResult("eps", FAIL, figure,
                        f"{lead}{why}{sample}; {where}it must be 1 / sqrt({v} + eps) with the "
                        "forward's eps", values)
+
+
+def _rounded_eps(eps_values: Sequence[float], fits_with: Callable[[Sequence[float]], bool]
+                 ) -> Optional[Tuple[str, str]]:
+    """The narrower type the eps in use is the forward's eps rounded to,
+    with what each eps became, when that explains the backward's rstd."""
+    from ._audit import eps_text as fmt_eps
+
+    for name in ("float32", "float16", "bfloat16"):
+        rounded = [eps_roundings(e).get(name, e) for e in eps_values]
+        if rounded != list(eps_values) and fits_with(rounded):
+            return name, ", ".join(f"{fmt_eps(r)} for eps={fmt_eps(e)}"
+                                   for r, e in zip(rounded, eps_values) if r != e)
+    return None
 
 
 #: Per-record models of the parameter gradients: what the term of each
@@ -907,8 +934,17 @@ def check_coupling(p: BackwardProbe) -> CheckResult:
                                      rt.scale)) for o in outputs]
     ulps = [_max(ulp_distance(outputs[0], o)) for o in outputs]
     worst = int(np.argmax(ulps))
-    figure += f"; {layouts[0][0]} vs {layouts[worst][0] if ulps[worst] else 'others'}: " \
-              f"{ulps[worst]:.0f} ulp"
+    bad = int(np.argmax(value_units))
+    # Beyond tolerance, ulps say nothing useful: the difference in units of
+    # tolerance, or in words where one side is not finite.
+    nonfinite = nonfinite_words(outputs[bad], outputs[0], f"the record's dx {layouts[0][0]}")
+    if value_units[bad] > 1 and nonfinite is not None:
+        figure += f"; non-finite dx {layouts[bad][0]}"
+    elif value_units[bad] > 1:
+        figure += f"; {layouts[0][0]} vs {layouts[bad][0]}: {value_units[bad]:.2g} x tol"
+    else:
+        figure += f"; {layouts[0][0]} vs {layouts[worst][0] if ulps[worst] else 'others'}: " \
+                  f"{ulps[worst]:.0f} ulp"
     values.update({"ulp": ulps[worst], "layout_units": max(value_units)})
     if moved:
         kind = _coupling_kind(len(lead), moved, at)
@@ -920,12 +956,13 @@ def check_coupling(p: BackwardProbe) -> CheckResult:
                            f"of {len(moved)} other record(s){where}: {_fmt_indices(moved)}. "
                            "Each record's dx must use only that record's mean(g) and "
                            "mean(g * xhat)", values)
-    bad = int(np.argmax(value_units))
     if value_units[bad] > 1:
+        how = (f"{layouts[bad][0]}, the backward {nonfinite}" if nonfinite is not None else
+               f"a record's dx differs {layouts[0][0]} and {layouts[bad][0]} by "
+               f"{value_units[bad]:.3g} x tol")
         return CheckResult("coupling", FAIL, figure,
-                           f"dx coupled across records: a record's dx differs {layouts[0][0]} "
-                           f"and {layouts[bad][0]} by {value_units[bad]:.3g} x tol; each "
-                           "record's dx must depend on that record alone", values)
+                           f"dx coupled across records: {how}; each record's dx must depend on "
+                           "that record alone", values)
     if ulps[worst] > 0:
         return CheckResult("coupling", FAIL if p.strict_batch_invariance else WARN, figure,
                            f"dx not batch-invariant: max difference {ulps[worst]:.0f} ulp between "
@@ -970,7 +1007,9 @@ def check_state(p: BackwardProbe) -> CheckResult:
                                                      f.astype(np.float64), m))
     ulps = max([_max(ulp_distance(first.dx, again.dx))]
                + [_max_ulps(getattr(first, k), getattr(again, k)) for k in param_units])
-    figure = f"max change {max([dx_units] + list(param_units.values())):.2g} x tol ({ulps:.0f} ulp)"
+    change = max([dx_units] + list(param_units.values()))
+    figure = (f"max change {change:.2g} x tol" + (f" ({ulps:.0f} ulp)" if change <= 1 else "")
+              if math.isfinite(change) else "non-finite after other calls")
     values = {"dx_units": dx_units, "param_units": param_units, "ulp": ulps}
     accumulated = [name for name, u in param_units.items() if u > 1
                    and _accumulates(getattr(again, name), getattr(calls[-1], name),
@@ -1080,6 +1119,45 @@ def check_cancellation(p: BackwardProbe) -> CheckResult:
                        "the error growing in proportion to it, more than rounding the mean in "
                        f"{p.dtype} explains; accumulate the backward's statistics in a wider "
                        "type", values)
+
+
+#: The large-d check's floor for dx, per unit of log2(d) (see
+#: :data:`~._checks.LARGE_D_FLOOR`): dx is made of several sums and products
+#: of them, each a pairwise sum's few units of roundoff per doubling.
+LARGE_D_BACKWARD_FLOOR = 4.0
+
+
+@_check("large_d", "records of 2^10 to 2^20 features: dx's error does not grow with d")
+def check_large_d(p: BackwardProbe) -> CheckResult:
+    sizes = large_d_sizes(p)
+    if isinstance(sizes, CheckResult):
+        return sizes
+    rng = p.rng("large_d")
+    unit = unit_roundoff(p.dtype)
+    n = large_d_records_per_size(p)
+    errors: List[float] = []
+    units: List[float] = []
+    for d in sizes:
+        x = p.cast(large_d_records(rng, n, d))
+        w, b = p.identity_params(d)
+        dy = _designed_dy(p, rng, x, w)
+        got = p.rows(dy, x, w, b)
+        err, worst = 0.0, 0.0
+        for i in range(n):
+            # Record by record, dx alone (the reference's exact parameter
+            # sums are slow at 2^20 features): the float64 formula.
+            t = p.terms(dy[i:i + 1], x[i:i + 1])
+            want = model_dx(t, mean_path=1.0 if p.op.key == "layer_norm" else 0.0)[0]
+            with np.errstate(all="ignore"):
+                u = np.abs(got.dx[i] - want) / (unit * float(t.scale[0, 0]))
+            worst = max(worst, _max(u))
+            err = max(err, _max(np.abs(got.dx[i] - want)))
+        errors.append(err)
+        units.append(worst)
+    sums = ("dx's sums (mean(g) and mean(g * xhat)) or the statistics are"
+            if p.op.key == "layer_norm" else "dx's sum mean(g * xhat) or the mean square is")
+    return large_d_verdict("large_d", p, sizes, errors, units, "dx", sums,
+                           floor=LARGE_D_BACKWARD_FLOOR)
 
 
 @_check("float16_overflow", "float16 inputs up to 65504 give finite, accurate gradients")
@@ -1289,6 +1367,9 @@ def check_param_invariance(p: BackwardProbe) -> CheckResult:
                            "accumulation?)", values)
     beyond = [label for label, _, u in found if u > 1]
     if beyond:
+        units = max(u for _, _, u in found)
+        figure = (f"max difference {units:.2g} x tol" if math.isfinite(units) else
+                  "non-finite parameter gradients")
         return CheckResult("param_invariance", FAIL, figure,
                            f"parameter gradients change beyond tolerance {beyond[0]}: the sums "
                            "depend on the record order, not only in their rounding", values)

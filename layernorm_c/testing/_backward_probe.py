@@ -13,7 +13,7 @@ from .._reference import ReferenceGrads, reference_layer_norm_backward
 from ._adapters import OutputError
 from ._backward_adapters import BackwardImplementation, Grads
 from ._backward_numerics import BackwardTolerance, Terms, backward_tolerance, record_terms
-from ._numerics import Tolerance
+from ._numerics import Mode, Tolerance
 from ._ops import LAYER_NORM, Op, is_float
 from ._probe import ImplementationError, Param, ProbeBase, _describe, _first_line
 
@@ -45,8 +45,9 @@ class BackwardProbe(ProbeBase[BackwardImplementation]):
 
     def __init__(self, impl: BackwardImplementation, dtype: npt.DTypeLike, eps: float,
                  tol: Optional[Tolerance] = None, seed: int = 0,
-                 strict_batch_invariance: bool = False, op: Op = LAYER_NORM):
-        super().__init__(impl, dtype, eps, seed, strict_batch_invariance, op)
+                 strict_batch_invariance: bool = False, op: Op = LAYER_NORM,
+                 mode: Mode = "default"):
+        super().__init__(impl, dtype, eps, seed, strict_batch_invariance, op, mode)
         self.override = tol
 
     def tol(self, d: int, dtype: Optional[npt.DTypeLike] = None) -> BackwardTolerance:

@@ -101,6 +101,14 @@ def build_parser() -> argparse.ArgumentParser:
                         help="fail, not warn, when a record's bits depend on its batch (with "
                              "--backward: also the parameter gradients' bits on the record "
                              "order, layout or thread count)")
+    depth = parser.add_mutually_exclusive_group()
+    depth.add_argument("--quick", dest="mode", action="store_const", const="quick",
+                       default="default",
+                       help="measure less: the large-d check on fewer sizes (about a second "
+                            "on a fast implementation)")
+    depth.add_argument("--thorough", dest="mode", action="store_const", const="thorough",
+                       help="measure more: the large-d check at every power of two to 2^22 "
+                            "with more records (may take minutes)")
     parser.add_argument("--list-checks", action="store_true",
                         help="list the checks and exit")
     return parser
@@ -280,7 +288,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         framework=args.framework, d=args.d, leading_shape=args.leading_shape,
                         rtol=args.rtol, atol=args.atol, seed=args.seed,
                         strict_batch_invariance=args.strict_batch_invariance,
-                        convention=args.convention)
+                        convention=args.convention, mode=args.mode)
     except (ValueError, TypeError, ImportError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
@@ -330,7 +338,7 @@ def _single_audit(fn: Any, label: str, args: argparse.Namespace) -> Any:
                 leading_shape=args.leading_shape, rtol=args.rtol,
                 atol=args.atol, seed=args.seed,
                 strict_batch_invariance=args.strict_batch_invariance,
-                name=None if _keeps_name(fn) else label, **options)
+                name=None if _keeps_name(fn) else label, mode=args.mode, **options)
 
 
 def _keeps_name(fn: Any) -> bool:

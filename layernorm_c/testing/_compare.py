@@ -341,8 +341,8 @@ def compare(implementations: Union[Mapping[str, Any], Iterable[Any]], *,
             framework: str = "auto", d: Optional[int] = None,
             leading_shape: Optional[Sequence[int]] = None, rtol: Optional[float] = None,
             atol: Optional[float] = None, seed: int = 0,
-            strict_batch_invariance: bool = False, convention: str = "weight"
-            ) -> ComparisonReport:
+            strict_batch_invariance: bool = False, convention: str = "weight",
+            mode: str = "default") -> ComparisonReport:
     """Audit several implementations with the same battery, side by side.
 
     Parameters
@@ -378,6 +378,8 @@ def compare(implementations: Union[Mapping[str, Any], Iterable[Any]], *,
         applies to plain functions).
     convention : {'weight', '1+weight'}, optional
         The RMSNorm weight convention, for RMSNorm columns.
+    mode : {'default', 'quick', 'thorough'}, optional
+        How much every column's audit measures (see :class:`LayerNormAudit`).
 
     Returns
     -------
@@ -430,7 +432,8 @@ def compare(implementations: Union[Mapping[str, Any], Iterable[Any]], *,
         options: Dict[str, Any] = {"signature": signature, "framework": framework,
                                    "dtype": dtype, "d": d, "leading_shape": leading_shape,
                                    "rtol": rtol, "atol": atol, "seed": seed,
-                                   "strict_batch_invariance": strict_batch_invariance}
+                                   "strict_batch_invariance": strict_batch_invariance,
+                                   "mode": mode}
         if which == "rms_norm":
             options["convention"] = convention
             kind = RMSNormBackwardAudit if backward else RMSNormAudit

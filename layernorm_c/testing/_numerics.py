@@ -3,7 +3,9 @@ float64 models of common LayerNorm defects an output is fitted against."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, Generic, Hashable, Mapping, Optional, Sequence, TypeVar
+import math
+from typing import (Any, Dict, Final, Generic, Hashable, List, Literal, Mapping, Optional,
+                    Sequence, Tuple, TypeVar)
 
 import numpy as np
 import numpy.typing as npt
@@ -11,7 +13,9 @@ import numpy.typing as npt
 from ._ops import bfloat16, is_float
 
 __all__ = ["Tolerance", "TOLERANCES", "ulp_distance", "model_layer_norm", "EPS_MODES",
-           "model_rms_norm", "RMS_EPS_MODES", "fit", "Fit", "tolerance_for"]
+           "model_rms_norm", "RMS_EPS_MODES", "fit", "Fit", "tolerance_for", "distinct",
+           "fmt_value", "nonfinite_words", "growth_exponent", "fmt_growth", "fmt_pow2",
+           "eps_roundings", "Mode", "MODES"]
 
 
 @dataclass(frozen=True)
@@ -229,3 +233,113 @@ def fit(outputs: Sequence[npt.NDArray[Any]],
     }
     best = min(scores, key=lambda k: scores[k])
     return Fit(best, scores)
+
+
+# -- how a battery runs ----------------------------------------------------------
+
+#: How much an audit measures: ``'quick'`` (a smaller large-d sweep, for a
+#: pre-commit hook), ``'default'``, ``'thorough'`` (the large-d sweep to
+#: 2^22 with more records; minutes on a slow implementation).
+Mode = Literal["quick", "default", "thorough"]
+MODES: Final[Tuple[Mode, ...]] = ("quick", "default", "thorough")
+
+
+# -- words for numbers ----------------------------------------------------------
+
+def fmt_value(v: float, digits: int = 7) -> str:
+    """A number as a report writes it: ``digits`` significant digits, NaN
+    and infinities by name."""
+    if math.isnan(v):
+        return "NaN"
+    if math.isinf(v):
+        return "inf" if v > 0 else "-inf"
+    return f"{v:.{digits}g}"
+
+
+def distinct(a: float, b: float, digits: int = 7) -> Tuple[str, str]:
+    """``a`` and ``b`` with at least ``digits`` significant digits, and as
+    many more as it takes for the two to read differently (up to the 17
+    that tell any two float64 apart): a report never says "gives
+    -0.1208348 instead of -0.1208348"."""
+    a, b = float(a), float(b)
+    for n in range(digits, 18):
+        sa, sb = fmt_value(a, n), fmt_value(b, n)
+        if sa != sb or a == b or (math.isnan(a) and math.isnan(b)):
+            return sa, sb
+    return repr(a), repr(b)
+
+
+def nonfinite_words(got: npt.ArrayLike, want: npt.ArrayLike,
+                    want_name: str = "the reference") -> Optional[str]:
+    """What a comparison with a NaN or an infinity on one side is, in words
+    ("returns NaN where the reference is finite"), or None when every
+    element is finite on both sides or non-finite alike."""
+    g = np.asarray(got, np.float64)
+    w = np.asarray(want, np.float64)
+    parts: List[str] = []
+    checks = (
+        (np.isnan(g) & np.isfinite(w), f"returns NaN where {want_name} is finite"),
+        (np.isinf(g) & np.isfinite(w), f"returns an infinity where {want_name} is finite"),
+        (np.isfinite(g) & np.isnan(w), f"returns a finite value where {want_name} is NaN"),
+        (np.isfinite(g) & np.isinf(w), f"returns a finite value where {want_name} is "
+                                       "infinite"),
+        (np.isnan(g) & np.isinf(w), f"returns NaN where {want_name} is infinite"),
+        (np.isinf(g) & np.isnan(w), f"returns an infinity where {want_name} is NaN"),
+        (np.isinf(g) & np.isinf(w) & (np.sign(g) != np.sign(w)),
+         f"returns an infinity of the other sign than {want_name}'s"),
+    )
+    for mask, words in checks:
+        count = int(np.count_nonzero(mask))
+        if count:
+            parts.append(f"{words} ({count} of {g.size} values)")
+    return "; ".join(parts) if parts else None
+
+
+def fmt_pow2(d: int) -> str:
+    """``2^k`` for a power of two, else the number."""
+    k = int(d).bit_length() - 1
+    return f"2^{k}" if d > 0 and 1 << k == d else str(d)
+
+
+def growth_exponent(sizes: Sequence[int], errors: Sequence[float],
+                    floor: float = 0.0) -> float:
+    """The slope ``k`` of ``log(error)`` against ``log(d)`` (least squares):
+    the error grows as ``d^k``. Errors at or below ``floor`` count as
+    ``floor`` (a measurement at rounding level carries no slope); 0 for
+    fewer than two usable points; inf when an error is not finite."""
+    pairs = [(math.log(d), math.log(max(e, floor))) for d, e in zip(sizes, errors)
+             if max(e, floor) > 0]
+    if any(not math.isfinite(e) for e in errors):
+        return math.inf
+    if len(pairs) < 2:
+        return 0.0
+    xs = np.array([p[0] for p in pairs])
+    ys = np.array([p[1] for p in pairs])
+    xs = xs - xs.mean()
+    return float(np.sum(xs * (ys - ys.mean())) / np.sum(xs * xs))
+
+
+def fmt_growth(k: float) -> str:
+    """How an error grows with d, in words, from :func:`growth_exponent`."""
+    if not math.isfinite(k):
+        return "not finite at the largest d"
+    if k < 0.15:
+        return "no growth beyond log d"
+    return f"error ~ d^{k:.2f}"
+
+
+def eps_roundings(eps: float) -> Dict[str, float]:
+    """``eps`` as it becomes when stored in a narrower type (float32,
+    float16, bfloat16 where ml_dtypes is installed), for the roundings that
+    change it, by the type's name."""
+    out: Dict[str, float] = {}
+    kinds: List[Tuple[str, Any]] = [("float32", np.float32), ("float16", np.float16)]
+    bf16 = bfloat16()
+    if bf16 is not None:
+        kinds.append(("bfloat16", bf16))
+    for name, kind in kinds:
+        with np.errstate(all="ignore"):
+            rounded = float(np.asarray(eps, np.float64).astype(kind).astype(np.float64))
+        if rounded != eps and math.isfinite(rounded):
+            out[name] = rounded
+    return out

@@ -16,7 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ._adapters import Implementation, OutputError
-from ._numerics import Tolerance
+from ._numerics import MODES, Mode, Tolerance
 from ._ops import LAYER_NORM, Op, is_float
 
 __all__ = ["Probe", "ProbeBase", "ImplementationError", "Param", "Params", "Declared"]
@@ -91,16 +91,22 @@ class ProbeBase(Generic[I]):
     op : Op
         What is audited (LayerNorm, or RMSNorm with its weight convention):
         its reference and its words.
+    mode : {'quick', 'default', 'thorough'}
+        How much the checks that can measure more (the large-d sweep) do.
     """
 
     def __init__(self, impl: I, dtype: npt.DTypeLike, eps: float, seed: int = 0,
-                 strict_batch_invariance: bool = False, op: Op = LAYER_NORM):
+                 strict_batch_invariance: bool = False, op: Op = LAYER_NORM,
+                 mode: Mode = "default"):
         self.impl = impl
         self.dtype: np.dtype[Any] = np.dtype(dtype)
         self.eps = float(eps)
         self.seed = seed
         self.strict_batch_invariance = strict_batch_invariance
         self.op = op
+        if mode not in MODES:
+            raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
+        self.mode: Mode = mode
 
     # -- shapes -----------------------------------------------------------
     def rng(self, stream: str) -> np.random.Generator:
@@ -182,8 +188,9 @@ class Probe(ProbeBase[Implementation]):
     """
 
     def __init__(self, impl: Implementation, dtype: npt.DTypeLike, eps: float, tol: Tolerance,
-                 seed: int = 0, strict_batch_invariance: bool = False, op: Op = LAYER_NORM):
-        super().__init__(impl, dtype, eps, seed, strict_batch_invariance, op)
+                 seed: int = 0, strict_batch_invariance: bool = False, op: Op = LAYER_NORM,
+                 mode: Mode = "default"):
+        super().__init__(impl, dtype, eps, seed, strict_batch_invariance, op, mode)
         self.tol = tol
 
     # -- calls ------------------------------------------------------------

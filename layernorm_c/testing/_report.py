@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import html
 import textwrap
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import (TYPE_CHECKING, Any, Dict, Final, Iterator, List, Literal, Optional, Sequence,
                     Tuple)
 
@@ -15,7 +15,8 @@ if TYPE_CHECKING:
 
     from ._audit import Audit
 
-__all__ = ["CheckResult", "AuditReport", "Status", "PASS", "FAIL", "WARN", "SKIP"]
+__all__ = ["CheckResult", "AuditReport", "Status", "PASS", "FAIL", "WARN", "SKIP", "link_causes",
+           "claims", "contradictions"]
 
 #: A check's outcome.
 Status = Literal["pass", "fail", "warn", "skip"]
@@ -43,7 +44,11 @@ class CheckResult:
         What the measurement means: on failure, the defect it points to and
         what to change.
     values : dict
-        The measured numbers behind ``figure``, for programmatic use.
+        The measured numbers behind ``figure``, for programmatic use. Two
+        keys say what the diagnosis concludes: ``"claims"``, what the check
+        found of the implementation (e.g. ``{"denominator": "d"}``), which
+        no other check of the report contradicts, and ``"symptom"``, true
+        for a failure that reports wrong numbers without naming a cause.
     """
 
     name: str
@@ -198,6 +203,47 @@ class AuditReport:
                              f"layernorm_c.layer_norm); this is {which}")
 
         return plot_report(self.audit, self.title, axes)
+
+
+def link_causes(results: Sequence[CheckResult], complete: bool = True) -> List[CheckResult]:
+    """The results, each symptom (a failure that reports wrong numbers
+    without naming a cause: ``values["symptom"]``) ending with which checks
+    do name a cause, by name; or, when none does, saying so (``complete``:
+    the whole battery ran; else other checks may)."""
+    causes = [r.name for r in results
+              if r.status == FAIL and not r.values.get("symptom") and r.values.get("named", True)]
+    out: List[CheckResult] = []
+    for r in results:
+        if r.status != FAIL or not r.values.get("symptom"):
+            out.append(r)
+            continue
+        if causes:
+            which = causes[0] if len(causes) == 1 else ", ".join(causes[:-1]) + " and " + causes[-1]
+            plural = "check names" if len(causes) == 1 else "checks name"
+            words = f"The {which} {plural} the likely cause"
+        elif complete:
+            words = "No check of the battery names a cause"
+        else:
+            words = "The other checks of the battery may name the cause"
+        out.append(replace(r, diagnosis=f"{r.diagnosis.rstrip('.')}. {words}"))
+    return out
+
+
+def claims(results: Sequence[CheckResult]) -> Dict[str, Dict[Any, List[str]]]:
+    """What the checks conclude of the implementation, by property: for
+    each property (``"denominator"``, ``"eps"``...), each value some check
+    claims and the checks claiming it."""
+    found: Dict[str, Dict[Any, List[str]]] = {}
+    for r in results:
+        for prop, value in r.values.get("claims", {}).items():
+            found.setdefault(prop, {}).setdefault(value, []).append(r.name)
+    return found
+
+
+def contradictions(results: Sequence[CheckResult]) -> Dict[str, Dict[Any, List[str]]]:
+    """The properties two checks of ``results`` disagree on (none, for a
+    consistent report)."""
+    return {prop: values for prop, values in claims(results).items() if len(values) > 1}
 
 
 def render_table(title: str, results: Sequence[CheckResult], footer: str,

@@ -79,7 +79,7 @@ class RMSNormAudit(RMSAudit, ForwardAudit):
     eps : float, optional
         The eps passed to ``fn``; for an implementation that takes none, the
         eps it uses. Default ``1e-6`` (``layernorm_c.rms_norm``'s).
-    d, leading_shape, rtol, atol, seed, strict_batch_invariance, name : optional
+    d, leading_shape, rtol, atol, seed, strict_batch_invariance, name, mode : optional
         As for :class:`LayerNormAudit` (the tolerances by dtype are the
         same).
 

@@ -137,6 +137,7 @@ _shared("param_sums", "dweight summed over every record (all leading axes)")
 _shared("coupling")
 _shared("state")
 _shared("float16_overflow")
+_shared("large_d")
 _shared("nonfinite")
 _shared("param_invariance", "dweight bit for bit the same for any record order, batch layout "
                             "and thread count (warning by default)")
