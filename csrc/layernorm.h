@@ -36,7 +36,12 @@ typedef enum {
     LN_NDTYPES = 4
 } ln_dtype;
 
-size_t ln_dtype_size(ln_dtype t);
+/* Bytes per element: 2, 4 or 8, always a power of two (the staging
+ * checks test alignment with a mask). Inline: every call asks. */
+static inline size_t ln_dtype_size(ln_dtype t)
+{
+    return t == LN_F64 ? 8 : (t == LN_F32 ? 4 : 2);
+}
 /* 1 for the dtypes computed in double (float64), 0 for float. */
 int ln_dtype_is_double(ln_dtype t);
 /* The dtype a storage dtype is computed in: float (LN_F32), or double for

@@ -110,7 +110,8 @@ typedef struct {
 
 static size_t round64(size_t n) { return (n + 63) & ~(size_t)63; }
 
-static void worker_free(ln_worker *wk)
+/* What a worker holds, freed (the worker itself is the caller's). */
+static void worker_release(ln_worker *wk)
 {
     if (wk->has_dw)
         ln_acc_free(&wk->dw);
@@ -118,6 +119,11 @@ static void worker_free(ln_worker *wk)
         ln_acc_free(&wk->db);
     free(wk->spare.raw);
     free(wk->block);
+}
+
+static void worker_free(ln_worker *wk)
+{
+    worker_release(wk);
     free(wk);
 }
 
@@ -169,19 +175,15 @@ static const void *ones(void *buf, ln_dtype t, size_t d)
     return buf;
 }
 
-static int worker_begin(void *vctx, void **state)
+/* Set up a zeroed worker: scratch rows, sums, fixed parameters. On
+ * failure (LN_ENOMEM) what it got is for worker_release. */
+static int worker_init(ln_worker *wk, const ln_batch_ctx *c)
 {
-    const ln_batch_ctx *c = vctx;
     const ln_job *job = c->job;
-    ln_worker *wk = calloc(1, sizeof *wk);
-    if (wk == NULL)
-        return LN_ENOMEM;
     if (worker_scratch(wk, c) != 0 ||
         (job->dw && (wk->has_dw = ln_acc_init(&wk->dw, job->d) == 0) == 0) ||
-        (job->db && (wk->has_db = ln_acc_init(&wk->db, job->d) == 0) == 0)) {
-        worker_free(wk);
+        (job->db && (wk->has_db = ln_acc_init(&wk->db, job->d) == 0) == 0))
         return LN_ENOMEM;
-    }
     /* The benchmark's baseline of plain float64 sums is the job's choice. */
     if (wk->has_dw)
         wk->dw.plain = job->dw->plain;
@@ -193,22 +195,38 @@ static int worker_begin(void *vctx, void **state)
         wk->w_fixed = ones(wk->w, c->ctype, job->d);
     if (job->b.ptr && job->b.row == 0)
         wk->b_fixed = ln_stage_in(c->k, &job->b, 0, job->d, c->ctype, wk->b);
+    return LN_OK;
+}
+
+static int worker_begin(void *vctx, void **state)
+{
+    ln_worker *wk = calloc(1, sizeof *wk);
+    if (wk == NULL)
+        return LN_ENOMEM;
+    if (worker_init(wk, vctx) != LN_OK) {
+        worker_free(wk);
+        return LN_ENOMEM;
+    }
     *state = wk;
     return LN_OK;
 }
 
-/* The pool calls this one thread at a time: the worker's sums merge into
- * the job's, exactly (the order of the workers never shows). */
-static int worker_end(void *vctx, void *state)
+/* A worker's streamed stores ordered, and its sums merged into the job's,
+ * exactly (the order of the workers never shows). */
+static void worker_finish(const ln_batch_ctx *c, ln_worker *wk)
 {
-    const ln_batch_ctx *c = vctx;
-    ln_worker *wk = state;
     c->k->store_fence();
     if (wk->has_dw)
         ln_acc_merge(c->job->dw, &wk->dw);
     if (wk->has_db)
         ln_acc_merge(c->job->db, &wk->db);
-    worker_free(wk);
+}
+
+/* The pool calls this one thread at a time. */
+static int worker_end(void *vctx, void *state)
+{
+    worker_finish(vctx, state);
+    worker_free(state);
     return LN_OK;
 }
 
@@ -360,5 +378,18 @@ int ln_batch_run(const ln_kernels *k, const ln_job *job, int n_threads)
         .worse = worse,
     };
     size_t chunk = row_bytes >= LN_CHUNK_BYTES ? 1 : LN_CHUNK_BYTES / row_bytes;
-    return ln_parallel_for(job->n_rows, chunk, plan_threads(job, n_threads), &task);
+    size_t threads = plan_threads(job, n_threads);
+    if (threads > 1)
+        return ln_parallel_for(job->n_rows, chunk, threads, &task);
+    /* One thread: the pool's steps with the worker on the stack (a
+     * one-record call from Python notices the allocation). */
+    ln_worker wk;
+    memset(&wk, 0, sizeof wk);
+    int status = worker_init(&wk, &c);
+    if (status == LN_OK) {
+        status = worker_run(&c, &wk, 0, job->n_rows);
+        worker_finish(&c, &wk);
+    }
+    worker_release(&wk);
+    return status;
 }

@@ -209,6 +209,7 @@ static int LN_OPS(record_output)(const ln_rows *r, size_t k, int rms);
 
 /* Short records a group at a time (see ln_lane.h's short_group): the
  * plain ones from the group, the others by the record path. */
+#define LN_SHORT_GROUP_MIN 4
 static int LN_OPS(norm_short_rows)(const ln_rows *r, int rms)
 {
     int status = LN_OK;
@@ -225,6 +226,19 @@ static int LN_OPS(norm_short_rows)(const ln_rows *r, int rms)
     const LN_P *w = rw ? wp : NULL, *b = rb ? bp : NULL;
     for (size_t k0 = 0; k0 < r->n; k0 += LN_SHORT_GROUP) {
         size_t n = r->n - k0 < LN_SHORT_GROUP ? r->n - k0 : LN_SHORT_GROUP;
+        if (n < LN_SHORT_GROUP_MIN) {
+            /* A group costs as much for 1 record as for 16: a few records
+             * (a one-record call) take the record path, the same bits. */
+            for (size_t k = k0; k < k0 + n; k++) {
+                if (LN_OPS(record_stats)(r, k, rms) != LN_OK)
+                    return LN_ENOMEM;
+                int rc = LN_OPS(record_output)(r, k, rms);
+                if (rc == LN_ENOMEM)
+                    return rc;
+                status = status > rc ? status : rc;
+            }
+            continue;
+        }
         const char *x = (const char *)r->x + (ptrdiff_t)k0 * r->x_row;
         char *y = (char *)r->y + (ptrdiff_t)k0 * r->y_row;
         int keep[LN_SHORT_GROUP];
