@@ -103,6 +103,21 @@ static void set_no_scratch(ln_op op)
                  op_name(op));
 }
 
+/* A job from a direct entry point, the GIL released: 0, or -1 with
+ * MemoryError set when the kernels could not have their scratch rows. */
+static int run_job(const ln_job *job)
+{
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ln_batch_run(g_kernels, job, call_threads());
+    Py_END_ALLOW_THREADS
+    if (rc == LN_ENOMEM) {
+        set_no_scratch(job->op);
+        return -1;
+    }
+    return 0;
+}
+
 /* One generalized ufunc: which operands it has, in NumPy's order
  * [dy], x, [weight], [bias], eps -> y, [mean, var] (or [ms]). */
 typedef struct {
@@ -550,16 +565,11 @@ static PyObject *fast_norm(ln_op op, PyObject *const *args, int w_in_ctype)
         goto fail;
     }
 
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = ln_batch_run(g_kernels, &job, call_threads());
-    Py_END_ALLOW_THREADS
+    int rc = run_job(&job);
     PyMem_Free(w_copy);
     PyMem_Free(b_copy);
-    if (rc == LN_ENOMEM) {
-        set_no_scratch(op);
+    if (rc < 0)
         goto fail;
-    }
     if (!want_stats)
         return y;
     if (op == LN_OP_RMS_NORM)
@@ -710,14 +720,11 @@ static PyObject *backward(PyObject *self, PyObject *const *args, Py_ssize_t narg
         job.dw = &dw;
         job.db = rms ? NULL : &db; /* RMSNorm has no bias */
     }
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = ln_batch_run(g_kernels, &job, call_threads());
-    Py_END_ALLOW_THREADS
     PyObject *res = NULL;
-    if (rc == LN_ENOMEM) {
-        set_no_scratch(job.op);
-    } else if (have_acc) {
+    int ran = run_job(&job) == 0;
+    if (ran && !have_acc) {
+        res = Py_BuildValue("(OOO)", dx, Py_None, Py_None);
+    } else if (ran) {
         PyObject *sw = acc_state(&dw, (size_t)d);
         PyObject *sb = rms ? (Py_INCREF(Py_None), Py_None) : acc_state(&db, (size_t)d);
         if (sw && sb)
@@ -726,8 +733,6 @@ static PyObject *backward(PyObject *self, PyObject *const *args, Py_ssize_t narg
             Py_XDECREF(sw);
             Py_XDECREF(sb);
         }
-    } else {
-        res = Py_BuildValue("(OOO)", dx, Py_None, Py_None);
     }
     if (have_acc) {
         ln_acc_free(&dw);
@@ -909,14 +914,8 @@ static PyObject *fast_backward(PyObject *self, PyObject *const *args, Py_ssize_t
     }
     job.dw = &dw;
     job.db = rms ? NULL : &db;
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = ln_batch_run(g_kernels, &job, call_threads());
-    Py_END_ALLOW_THREADS
     PyObject *res = NULL;
-    if (rc == LN_ENOMEM) {
-        set_no_scratch(job.op);
-    } else {
+    if (run_job(&job) == 0) {
         ln_dtype ct = ln_compute_dtype(job.dtype);
         PyObject *vw = acc_values(&dw, (size_t)d, ct);
         PyObject *vb = rms || vw == NULL ? NULL : acc_values(&db, (size_t)d, ct);
