@@ -31,6 +31,7 @@ import sys
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
+from numpy.typing import NDArray
 
 from . import _core
 from ._api import (
@@ -102,7 +103,7 @@ def _in_task(fn: Callable[..., Any], threads: int, *args: Any, **kwargs: Any) ->
 
 
 def _forward_block(op: str, axes: Tuple[int, ...], n_params: int, threads: int,
-                   kwargs: Dict[str, Any], xb: np.ndarray, *rest: Any) -> Tuple[Any, ...]:
+                   kwargs: Dict[str, Any], xb: NDArray[Any], *rest: Any) -> Tuple[Any, ...]:
     from ._api import layer_norm
     from ._rms import rms_norm
 
@@ -115,7 +116,7 @@ def _forward_block(op: str, axes: Tuple[int, ...], n_params: int, threads: int,
 
 
 def _backward_block(op: str, axes: Tuple[int, ...], threads: int, kwargs: Dict[str, Any],
-                    dyb: np.ndarray, xb: np.ndarray, w: Any, stat: Any) -> Tuple[Any, ...]:
+                    dyb: NDArray[Any], xb: NDArray[Any], w: Any, stat: Any) -> Tuple[Any, ...]:
     from ._backward import _backward_parts
     from ._rms import _rms_backward_parts
 
@@ -149,7 +150,7 @@ def _merge(parts: List[Tuple[Any, ...]]) -> Tuple[Any, Any]:
 
 
 def _rounded(states: Tuple[Any, Any], i: int, shape: Tuple[int, ...],
-             dtype: np.dtype) -> np.ndarray:
+             dtype: np.dtype[Any]) -> NDArray[Any]:
     from ._backward import ExactSum
 
     return ExactSum(shape, states[i]).value(dtype)
@@ -157,7 +158,7 @@ def _rounded(states: Tuple[Any, Any], i: int, shape: Tuple[int, ...],
 
 # ---- dask -----------------------------------------------------------------
 
-def _placeholder(a: Any) -> np.ndarray:
+def _placeholder(a: Any) -> NDArray[Any]:
     """A zero-memory NumPy stand-in of a dask array's shape and dtype, for
     the in-memory validation (integers and bools as float64, as
     _as_real_array would convert them)."""
@@ -201,8 +202,8 @@ def _param(p: object, name: str, plan: _Plan) -> Tuple[object, Any]:
     return a, da.from_array(np.ascontiguousarray(a), chunks=-1)
 
 
-def _param_value(p: np.ndarray, name: str, shape: Tuple[int, ...],
-                 axes: Tuple[int, ...]) -> np.ndarray:
+def _param_value(p: NDArray[Any], name: str, shape: Tuple[int, ...],
+                 axes: Tuple[int, ...]) -> NDArray[Any]:
     a = _as_param(p, name, shape, axes)
     assert a is not None
     return np.ascontiguousarray(a)
@@ -222,7 +223,7 @@ def _blocks(func: Callable[..., Any], plan: _Plan, x: Any,
                         meta=np.empty((0,) * x.ndim, object))
 
 
-def _output(tmp: Any, i: int, plan: _Plan, dtype: np.dtype, per_record: bool) -> Any:
+def _output(tmp: Any, i: int, plan: _Plan, dtype: np.dtype[Any], per_record: bool) -> Any:
     """Output i of every block: shaped like x, or (per_record) like x
     without the normalized axes."""
     da = _da()
@@ -318,7 +319,7 @@ def dask_backward(op: str, dy: Any, x: Any, weight: Any, eps: Any, axis: Any,
     return (dx,) + tuple(grads)
 
 
-def _sums_tree(tmp: Any, shape: Tuple[int, ...], dtype: np.dtype, n: int) -> List[Any]:
+def _sums_tree(tmp: Any, shape: Tuple[int, ...], dtype: np.dtype[Any], n: int) -> List[Any]:
     """dweight (and dbias, n = 2) from the blocks' states: a tree of merge
     tasks, _SPLIT_EVERY states each, then one rounding task per sum. The
     graph is written directly (a delayed call per task would cost a
@@ -355,7 +356,7 @@ def _sums_tree(tmp: Any, shape: Tuple[int, ...], dtype: np.dtype, n: int) -> Lis
 
 
 def _backward_block_xfirst(op: str, axes: Tuple[int, ...], threads: int,
-                           kwargs: Dict[str, Any], xb: np.ndarray, dyb: np.ndarray, w: Any,
+                           kwargs: Dict[str, Any], xb: NDArray[Any], dyb: NDArray[Any], w: Any,
                            stat: Any) -> Tuple[Any, ...]:
     return _backward_block(op, axes, threads, kwargs, dyb, xb, w, stat)
 

@@ -30,10 +30,15 @@ import uuid
 from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Sequence, TextIO, Tuple
 
 import numpy as np
+from numpy.typing import NDArray
 
 from ._rms import Convention
 
 __all__ = ["main"]
+
+# NumPy's .npy header helpers (typed since NumPy 2, untyped in 1.x: Any keeps
+# mypy --strict clean on both)
+_npy_format: Any = np.lib.format
 
 
 class CLIError(Exception):
@@ -62,7 +67,7 @@ class Source(NamedTuple):
 
     path: str
     shape: Tuple[int, ...]
-    dtype: np.dtype
+    dtype: np.dtype[Any]
     offset: int  # .npy: the data's byte offset; zarr: -1
     chunk0: int  # zarr: the store's chunk length along axis 0; .npy: 1
 
@@ -77,11 +82,11 @@ def _open_source(path: str) -> Source:
         raise CLIError(f"IN: {path} is a directory but not a zarr store")
     try:
         with open(path, "rb") as f:
-            version = np.lib.format.read_magic(f)
+            version = _npy_format.read_magic(f)
             if version == (1, 0):
-                shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+                shape, fortran, dtype = _npy_format.read_array_header_1_0(f)
             else:
-                shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+                shape, fortran, dtype = _npy_format.read_array_header_2_0(f)
             offset = f.tell()
     except ValueError as exc:
         raise CLIError(f"IN: {path} is not a .npy file or a zarr store ({exc})") from None
@@ -97,7 +102,7 @@ def _open_source(path: str) -> Source:
     return Source(path, tuple(shape), dtype, offset, 1)
 
 
-def _read_slab(src: Source, start: int, stop: int) -> np.ndarray:
+def _read_slab(src: Source, start: int, stop: int) -> NDArray[Any]:
     """Rows [start, stop) of axis 0, read plainly (no memory map)."""
     if src.offset < 0:
         return np.asarray(_zarr().open_array(src.path, mode="r")[start:stop])
@@ -125,27 +130,27 @@ class Target(NamedTuple):
     row: int  # bytes per row of axis 0
 
 
-def _create_target(tmp: str, zarr_out: bool, shape: Tuple[int, ...], dtype: np.dtype,
+def _create_target(tmp: str, zarr_out: bool, shape: Tuple[int, ...], dtype: np.dtype[Any],
                    rows: int) -> Target:
     row = math.prod(shape[1:]) * dtype.itemsize
     if zarr_out:
         _zarr().open_array(tmp, mode="w", shape=shape, dtype=dtype,
                            chunks=(rows,) + shape[1:])
         return Target(tmp, True, 0, row)
-    header = {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False,
+    header = {"descr": _npy_format.dtype_to_descr(dtype), "fortran_order": False,
               "shape": shape}
     with open(tmp, "xb") as f:
         try:
-            np.lib.format.write_array_header_1_0(f, header)
+            _npy_format.write_array_header_1_0(f, header)
         except ValueError:  # a header too long for version 1.0
             f.seek(0)
             f.truncate()
-            np.lib.format.write_array_header_2_0(f, header)
+            _npy_format.write_array_header_2_0(f, header)
         offset = f.tell()
     return Target(tmp, False, offset, row)
 
 
-def _write_slab(dst: Target, start: int, y: np.ndarray) -> None:
+def _write_slab(dst: Target, start: int, y: NDArray[Any]) -> None:
     if dst.zarr:
         z = _zarr().open_array(dst.path, mode="r+")
         z[start:start + y.shape[0]] = y
@@ -166,15 +171,15 @@ class Job(NamedTuple):
     src: Source
     dst: Target
     op: str
-    weight: Optional[np.ndarray]
-    bias: Optional[np.ndarray]
+    weight: Optional[NDArray[Any]]
+    bias: Optional[NDArray[Any]]
     eps: float
     axes: Tuple[int, ...]
-    dtype: Optional[np.dtype]
+    dtype: Optional[np.dtype[Any]]
     convention: Convention
 
 
-def _normalize(job: Job, x: np.ndarray) -> np.ndarray:
+def _normalize(job: Job, x: NDArray[Any]) -> NDArray[Any]:
     import layernorm_c as lnc
 
     if job.dtype is not None:
@@ -284,13 +289,13 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _load_param(path: Optional[str], name: str) -> Optional[np.ndarray]:
+def _load_param(path: Optional[str], name: str) -> Optional[NDArray[Any]]:
     if path is None:
         return None
     if not os.path.exists(path):
         raise CLIError(f"--{name}: no such file: {path}")
     try:
-        arr: np.ndarray = np.load(path, allow_pickle=False)
+        arr: NDArray[Any] = np.load(path, allow_pickle=False)
         return arr
     except (ValueError, OSError) as exc:
         raise CLIError(f"--{name}: {path} is not a .npy file ({exc})") from None
@@ -313,7 +318,7 @@ def _parse_axes(text: str, ndim: int) -> Tuple[int, ...]:
     return norm
 
 
-def _check_params(job: Job, args: argparse.Namespace) -> np.dtype:
+def _check_params(job: Job, args: argparse.Namespace) -> np.dtype[Any]:
     """Validate weight/bias against IN's shape with the library's own rules
     (no data read), and return the output dtype."""
     from ._api import _as_param, _as_real_array, _result_dtype

@@ -173,17 +173,23 @@ def order_dependent_sums(dy, x, weight, bias, eps):
     return dx, dweight, dbias
 
 
+def _mean32(a):
+    """A float32 mean whose sum does not grow with d (float64 totals, on
+    every NumPy: 1.x sums some axes sequentially), so that the defect
+    below is the only one."""
+    return a.mean(axis=-1, keepdims=True, dtype=np.float64).astype(np.float32)
+
+
 def one_pass_float32(dy, x, weight, bias, eps):
     """Recomputes the variance as E[x^2] - E[x]^2 in float32."""
     x = np.asarray(x)
     x32, dy32 = x.astype(np.float32), np.asarray(dy).astype(np.float32)
-    mean = x32.mean(axis=-1, keepdims=True)
-    var = (x32 * x32).mean(axis=-1, keepdims=True) - mean * mean
+    mean = _mean32(x32)
+    var = _mean32(x32 * x32) - mean * mean
     rstd = 1 / np.sqrt(var + np.float32(eps))
     xhat = (x32 - mean) * rstd
     g = dy32 * np.asarray(weight, np.float32)
-    dx = rstd * (g - g.mean(axis=-1, keepdims=True)
-                 - xhat * (g * xhat).mean(axis=-1, keepdims=True))
+    dx = rstd * (g - _mean32(g) - xhat * _mean32(g * xhat))
     return dx.astype(x.dtype), _sum(dy32 * xhat), _sum(dy32)
 
 

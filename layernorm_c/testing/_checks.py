@@ -160,8 +160,10 @@ def _error_figure(got: NDArray[Any], want: NDArray[Any]) -> str:
 
 
 def _max_abs_error(got: NDArray[Any], want: NDArray[Any]) -> float:
+    # In float64: outputs of two dtypes (bfloat16 and float16) may have no
+    # common dtype (older ml_dtypes with NumPy 1.x).
     with np.errstate(all="ignore"):
-        err = np.abs(got - want)
+        err = np.abs(np.asarray(got, np.float64) - np.asarray(want, np.float64))
     return float(np.where(np.isnan(err), np.inf, err).max()) if err.size else 0.0
 
 
