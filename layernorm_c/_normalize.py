@@ -54,8 +54,10 @@ def _is_zarr_path(path: str) -> bool:
 
 
 def _zarr() -> Any:
+    # Imported by name: zarr 2 has no type information, zarr 3 has, and
+    # mypy --strict must pass with either.
     try:
-        import zarr
+        zarr = importlib.import_module("zarr")
     except ImportError:
         raise CLIError("zarr stores need the zarr package: pip install zarr "
                        "(or layernorm_c[zarr])") from None
