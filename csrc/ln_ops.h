@@ -226,30 +226,21 @@ static int LN_OPS(norm_short_rows)(const ln_rows *r, int rms)
     const LN_P *w = rw ? wp : NULL, *b = rb ? bp : NULL;
     for (size_t k0 = 0; k0 < r->n; k0 += LN_SHORT_GROUP) {
         size_t n = r->n - k0 < LN_SHORT_GROUP ? r->n - k0 : LN_SHORT_GROUP;
-        if (n < LN_SHORT_GROUP_MIN) {
-            /* A group costs as much for 1 record as for 16: a few records
-             * (a one-record call) take the record path, the same bits. */
-            for (size_t k = k0; k < k0 + n; k++) {
-                if (LN_OPS(record_stats)(r, k, rms) != LN_OK)
-                    return LN_ENOMEM;
-                int rc = LN_OPS(record_output)(r, k, rms);
-                if (rc == LN_ENOMEM)
-                    return rc;
-                status = status > rc ? status : rc;
+        int keep[LN_SHORT_GROUP] = {0};
+        /* A group costs as much for 1 record as for 16: a few records (a
+         * one-record call) all take the record path below, the same bits. */
+        if (n >= LN_SHORT_GROUP_MIN) {
+            const char *x = (const char *)r->x + (ptrdiff_t)k0 * r->x_row;
+            char *y = (char *)r->y + (ptrdiff_t)k0 * r->y_row;
+            LN_CORE(group_stats)(&g, x, r->x_row, n, r->d, r->eps + k0, rms);
+            for (size_t k = 0; k < n; k++) {
+                ln_stats st = {.mean = g.mean[k], .var = g.var[k]};
+                keep[k] = LN_OPS(short_is_plain)(&st, r->eps[k0 + k], g.rstd[k]);
+                if (keep[k])
+                    r->st[k0 + k] = st;
             }
-            continue;
+            LN_CORE(group_output)(&g, y, r->y_row, n, r->d, w, b, keep);
         }
-        const char *x = (const char *)r->x + (ptrdiff_t)k0 * r->x_row;
-        char *y = (char *)r->y + (ptrdiff_t)k0 * r->y_row;
-        int keep[LN_SHORT_GROUP];
-        LN_CORE(group_stats)(&g, x, r->x_row, n, r->d, r->eps + k0, rms);
-        for (size_t k = 0; k < n; k++) {
-            ln_stats st = {.mean = g.mean[k], .var = g.var[k]};
-            keep[k] = LN_OPS(short_is_plain)(&st, r->eps[k0 + k], g.rstd[k]);
-            if (keep[k])
-                r->st[k0 + k] = st;
-        }
-        LN_CORE(group_output)(&g, y, r->y_row, n, r->d, w, b, keep);
         for (size_t k = 0; k < n; k++) {
             if (keep[k])
                 continue;
