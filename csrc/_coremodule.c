@@ -650,6 +650,22 @@ static PyObject *acc_state(ln_acc *acc, size_t d)
     return a;
 }
 
+/* The backward's sums over records: dw, and db unless rms (RMSNorm has
+ * no bias; db is then left empty), attached to the job. 0, or -1 with
+ * MemoryError set (both freed). */
+static int job_sums(ln_job *job, ln_acc *dw, ln_acc *db, size_t d, int rms)
+{
+    memset(db, 0, sizeof *db);
+    if (ln_acc_init(dw, d) != 0 || (!rms && ln_acc_init(db, d) != 0)) {
+        ln_acc_free(dw);
+        PyErr_NoMemory();
+        return -1;
+    }
+    job->dw = dw;
+    job->db = rms ? NULL : db;
+    return 0;
+}
+
 /*
  * _backward(dy, x, weight, eps, mean, sums) -> (dx, dweight_state, dbias_state)
  *
@@ -706,19 +722,12 @@ static PyObject *backward(PyObject *self, PyObject *const *args, Py_ssize_t narg
     ln_acc dw, db;
     int have_acc = 0;
     if (want_sums) {
-        if (ln_acc_init(&dw, (size_t)d) != 0) {
+        if (job_sums(&job, &dw, &db, (size_t)d, rms) < 0) {
             Py_DECREF(dx);
-            return PyErr_NoMemory();
-        }
-        if (ln_acc_init(&db, (size_t)d) != 0) {
-            ln_acc_free(&dw);
-            Py_DECREF(dx);
-            return PyErr_NoMemory();
+            return NULL;
         }
         have_acc = 1;
         dw.plain = db.plain = want_sums == 2; /* the benchmark's baseline */
-        job.dw = &dw;
-        job.db = rms ? NULL : &db; /* RMSNorm has no bias */
     }
     PyObject *res = NULL;
     int ran = run_job(&job) == 0;
@@ -906,14 +915,10 @@ static PyObject *fast_backward(PyObject *self, PyObject *const *args, Py_ssize_t
     job.y = (ln_operand){.ptr = PyArray_BYTES((PyArrayObject *)dx), .row = d * isz,
                          .col = isz, .dtype = job.dtype};
     ln_acc dw, db;
-    memset(&db, 0, sizeof db); /* RMSNorm has no bias: db stays empty */
-    if (ln_acc_init(&dw, (size_t)d) != 0 || (!rms && ln_acc_init(&db, (size_t)d) != 0)) {
-        ln_acc_free(&dw);
+    if (job_sums(&job, &dw, &db, (size_t)d, rms) < 0) {
         Py_DECREF(dx);
-        return PyErr_NoMemory();
+        return NULL;
     }
-    job.dw = &dw;
-    job.db = rms ? NULL : &db;
     PyObject *res = NULL;
     if (run_job(&job) == 0) {
         ln_dtype ct = ln_compute_dtype(job.dtype);
