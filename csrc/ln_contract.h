@@ -29,12 +29,13 @@
  *                   and c = -(lo * r)
  *      the affine:  y = fma(v, w, b) when both gain and bias are present
  *                   (v * w or v + b when only one is).
- * 7. Rounding. 1/sqrt(var + eps) is computed in double; the result is
+ * 7. Rounding. 1/sqrt(var + eps) is computed in double (at a quarter,
+ *    exactly, when var + eps overflows); the result is
  *    rounded once to the output type (round to nearest even).
  * 8. Fallbacks, decided from the record's own statistics: a float record
  *    whose variance leaves [LN_F32_VAR_MIN, LN_F32_VAR_MAX] (squares could
  *    overflow or underflow in float lanes), whose mean is not finite, or
- *    whose 1/std exceeds the float range is computed with the same formulas
+ *    whose 1/std leaves the range of normal floats is computed with the same formulas
  *    in double (block lanes of double); a float64 record whose squares leave
  *    the double range is computed at an exact power-of-two scale.
  * 9. NaN. A record with a NaN or infinity among its values, an invalid
@@ -52,7 +53,11 @@
  *    xhat = fma(x - hi, r, c) as in item 6 and dx = fma(-xhat, bm, g - a) * r,
  *    rounded once to the output type. The parameter gradients' terms
  *    dy * xhat and dy are summed exactly (ln_accum.h) and rounded once, so
- *    their order never matters. Fallbacks and NaN records as in items 8-9.
+ *    their order never matters. Fallbacks and NaN records as in items 8-9,
+ *    and: a float record whose float sums overflow, or whose formulas
+ *    could overflow in float (|dy| max|weight| + |a| + max|xhat| |bm|
+ *    beyond FLT_MAX) or use a subnormal r, is computed in double; a record
+ *    whose formulas could overflow even in double is NaN.
  * 11. RMSNorm is the same with the mean fixed at 0 (hi = lo = 0): its
  *    mean square is item 2-3's sum of fma(x, x, acc) over d, its output
  *    v = fma(x - 0, r, -0) * scale, and its backward item 10 with m0 = 0,

@@ -13,8 +13,12 @@
 /* The core instance's compute type. */
 #if defined(LN_WIDE)
 #define LN_CT float
+#define LN_CT_MIN FLT_MIN
+#define LN_CT_MAX FLT_MAX
 #else
 #define LN_CT double
+#define LN_CT_MIN DBL_MIN
+#define LN_CT_MAX DBL_MAX
 #endif
 
 #if defined(LN_WIDE)
@@ -31,10 +35,12 @@ static void LN_OPS(ln_stats)(const LN_S *x, size_t d, ln_stats *st, int rms)
 
 /* Can float lanes compute the output? Not when x - mean could overflow
  * float (huge spread), when the centered values could be subnormal (tiny
- * spread), or when 1/std exceeds the float range. */
+ * spread), or when 1/std leaves the range of normal floats (a subnormal
+ * 1/std, from a huge eps, has lost digits). */
 static int LN_OPS(fits_float)(double var, double rstd)
 {
-    return var >= LN_F32_VAR_MIN && var <= LN_F32_VAR_MAX && !(rstd > FLT_MAX);
+    return var >= LN_F32_VAR_MIN && var <= LN_F32_VAR_MAX && rstd >= FLT_MIN &&
+           rstd <= FLT_MAX;
 }
 
 static int LN_OPS(ln_output)(const LN_S *x, LN_S *y, size_t d, const LN_P *w,
@@ -331,7 +337,8 @@ static int LN_OPS(coef_of)(const ln_back_sums *sums, double m0, size_t d, double
  * variance, however inexact, does not count beside eps). */
 #define LN_UNSCALED (-1)
 static int LN_OPS(back_scaled)(const ln_rows *r, const LN_S *x, const LN_S *dy, LN_S *dx,
-                               double m0, double eps, ln_acc *dw, ln_acc *db, int rms)
+                               double m0, double eps, double w_max, ln_acc *dw, ln_acc *db,
+                               int rms)
 {
     size_t d = r->d;
     double s = LN_OPS(record_scale)(x, d);
@@ -343,7 +350,8 @@ static int LN_OPS(back_scaled)(const ln_rows *r, const LN_S *x, const LN_S *dy, 
     ln_back_sums sums;
     ln_back_coef c;
     LN_CORE(back_sums)(xs, dy, r->w, d, (LN_CT)(m0 * s), &sums);
-    if (LN_OPS(coef_of)(&sums, m0 * s, d, eps * s * s, &c, rms) != 1) {
+    if (LN_OPS(coef_of)(&sums, m0 * s, d, eps * s * s, &c, rms) != 1 ||
+        !ln_back_fits(&sums, &c, w_max, DBL_MIN, DBL_MAX)) {
         LN_CORE(back_nan)(xs, dy, dx, d, &c, dw, db, !isfinite(sums.st + sums.stt));
         return LN_OK;
     }
@@ -357,7 +365,7 @@ static int LN_OPS(back_scaled)(const ln_rows *r, const LN_S *x, const LN_S *dy, 
 
 /* The backward of record k: dx, and its terms into r->dw and r->db
  * (LayerNorm's, or with rms RMSNorm's: no mean, so no shift and no bias). */
-static int LN_OPS(back_record)(const ln_rows *r, size_t k, int rms)
+static int LN_OPS(back_record)(const ln_rows *r, size_t k, double w_max, int rms)
 {
     size_t d = r->d;
     const LN_S *x = (const LN_S *)((const char *)r->x + (ptrdiff_t)k * r->x_row);
@@ -378,12 +386,16 @@ static int LN_OPS(back_record)(const ln_rows *r, size_t k, int rms)
     ln_back_sums sums;
     ln_back_coef c;
     LN_CORE(back_sums)(x, dy, r->w, d, (LN_CT)m0, &sums);
-    int ok = LN_OPS(coef_of)(&sums, m0, d, eps, &c, rms) == 1;
+    int rc = LN_OPS(coef_of)(&sums, m0, d, eps, &c, rms), ok = rc == 1;
 #if defined(LN_WIDE)
-    if (ok && !LN_OPS(fits_float)(c.var, c.rstd)) {
-        /* Out of the float lanes' range: the same formulas in double. */
+    if (!(ok && LN_OPS(fits_float)(c.var, c.rstd) &&
+          ln_back_fits(&sums, &c, w_max, FLT_MIN, FLT_MAX))) {
+        /* Out of the float lanes' range, or float sums that overflowed (a
+         * spread of 1e20 squares to inf): the same formulas in double,
+         * which also tell a truly non-finite record. */
         LN_WIDE(back_sums)(x, dy, r->w, d, m0, &sums);
-        if (LN_OPS(coef_of)(&sums, m0, d, eps, &c, rms) != 1) {
+        if (LN_OPS(coef_of)(&sums, m0, d, eps, &c, rms) != 1 ||
+            !ln_back_fits(&sums, &c, w_max, DBL_MIN, DBL_MAX)) {
             LN_WIDE(back_nan)(x, dy, dx, d, &c, r->dw, r->db, !isfinite(sums.st + sums.stt));
             return LN_OK;
         }
@@ -391,13 +403,17 @@ static int LN_OPS(back_record)(const ln_rows *r, size_t k, int rms)
         return LN_OK;
     }
 #else
-    if (ok && !(isfinite(c.mean) && c.var >= LN_F64_VAR_MIN && c.var <= DBL_MAX)) {
-        int rc = LN_OPS(back_scaled)(r, x, dy, dx, m0, eps, r->dw, r->db, rms);
-        if (rc != LN_UNSCALED)
-            return rc;
+    /* Squares that left the double range (rc 0: their sum overflowed, or
+     * a non-finite x, which the scaled sums tell) are done at scale. */
+    if (rc == 0 || (ok && !(isfinite(c.mean) && c.var >= LN_F64_VAR_MIN && c.var <= DBL_MAX))) {
+        int sc = LN_OPS(back_scaled)(r, x, dy, dx, m0, eps, w_max, r->dw, r->db, rms);
+        if (sc != LN_UNSCALED)
+            return sc;
     }
 #endif
-    if (!ok) {
+    /* A record whose formulas would overflow even in the widest type is
+     * NaN, like one whose sums do (ln_back_fits). */
+    if (!ok || !ln_back_fits(&sums, &c, w_max, LN_CT_MIN, LN_CT_MAX)) {
         LN_CORE(back_nan)(x, dy, dx, d, &c, r->dw, r->db, !isfinite(sums.st + sums.stt));
         return LN_OK;
     }
@@ -406,11 +422,25 @@ static int LN_OPS(back_record)(const ln_rows *r, size_t k, int rms)
     return LN_OK;
 }
 
+/* max |w| (1 with no gain: dy * 1): with max |dy| a bound on |dy * w|. */
+static double LN_OPS(gain_max)(const LN_P *w, size_t d)
+{
+    if (w == NULL)
+        return 1.0;
+    double m = 0.0;
+    for (size_t i = 0; i < d; i++) {
+        double a = fabs((double)w[i]);
+        m = a > m ? a : m;
+    }
+    return m;
+}
+
 static int LN_OPS(back_all)(const ln_rows *r, int rms)
 {
     int status = LN_OK;
+    double w_max = LN_OPS(gain_max)(r->w, r->d);
     for (size_t k = 0; k < r->n; k++) {
-        int rc = LN_OPS(back_record)(r, k, rms);
+        int rc = LN_OPS(back_record)(r, k, w_max, rms);
         if (rc == LN_ENOMEM)
             return rc;
         status = status > rc ? status : rc;
@@ -430,3 +460,5 @@ static int LN_OPS(rms_norm_backward)(const ln_rows *r)
     return LN_OPS(back_all)(r, 1);
 }
 #undef LN_CT
+#undef LN_CT_MIN
+#undef LN_CT_MAX

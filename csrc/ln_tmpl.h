@@ -85,12 +85,18 @@ static inline int ln_eps_is_valid(double eps)
 }
 
 /* 1 / sqrt(var + eps) in double, so float16/float32 records never see eps
- * rounded to their precision; NaN for an invalid eps. */
+ * rounded to their precision; NaN for an invalid eps. When var + eps
+ * overflows (eps near DBL_MAX) the same value at a quarter: the scaling by
+ * 4 and 2 is exact, so no bit differs from the unbounded formula, where
+ * 1/sqrt(inf) = 0 would erase the record. */
 static inline double ln_inverse_std(double var, double eps)
 {
     if (!ln_eps_is_valid(eps))
         return NAN;
-    return 1.0 / sqrt(var + eps);
+    double s = var + eps;
+    if (s > DBL_MAX)
+        return 0.5 / sqrt(var * 0.25 + eps * 0.25);
+    return 1.0 / sqrt(s);
 }
 
 /* NaN statistics as the canonical quiet NaN, whatever payload the sums
@@ -184,16 +190,37 @@ static inline int ln_rms_coef_of(const ln_back_sums *s, size_t d, double eps,
     return isfinite(s->gt) ? 1 : -1;
 }
 
+/* A bound on the record's |xhat| <= (max|x - m0| + |mean - m0|) * rstd
+ * (1% for the roundings of the float formulas). */
+static inline double ln_xhat_bound(const ln_back_sums *s, const ln_back_coef *c)
+{
+    return (s->max_t + fabs(c->md)) * c->rstd * 1.01 + 1.0;
+}
+
+/* Can a type whose finite values lie in [min, max] (min: its smallest
+ * normal) compute dx = fma(-xhat, bm, g - a) * r? Only when r is normal
+ * there (a subnormal r has lost digits) and when no intermediate can
+ * overflow: |g - a| + |xhat * bm| <= |dy| * w_max + |a| + xhat * |bm|
+ * (w_max bounds |weight|). Then the formulas make no infinity that dx
+ * does not have, and no NaN from finite inputs (inf - inf, 0 * inf),
+ * whose sign would be up to the machine. False for NaN coefficients. */
+static inline int ln_back_fits(const ln_back_sums *s, const ln_back_coef *c, double w_max,
+                               double min, double max)
+{
+    double xh = ln_xhat_bound(s, c);
+    double p = (s->max_dy * w_max + fabs(c->a) + xh * fabs(c->bm)) * 1.01;
+    return c->rstd >= min && c->rstd <= max && p <= max;
+}
+
 /* The deposit path of a record from bounds on its terms |dy| and
- * |dy * xhat| (|xhat| <= (max|x - m0| + |mean - m0|) * rstd; 1% for the
- * roundings of the float formulas). LN_DEPOSIT_PLAIN: the benchmark's
+ * |dy * xhat| (ln_xhat_bound). LN_DEPOSIT_PLAIN: the benchmark's
  * baseline of plain float64 sums (ln_acc.plain), never the library's. */
 static inline int ln_deposit_path(const ln_back_sums *s, const ln_back_coef *c,
                                   const ln_acc *dw)
 {
     if (dw && dw->plain)
         return LN_DEPOSIT_PLAIN;
-    double xh = (s->max_t + fabs(c->md)) * c->rstd * 1.01 + 1.0;
+    double xh = ln_xhat_bound(s, c);
     double term = s->max_dy * xh;
     if (s->max_dy < LN_ACC_SMALL && term < LN_ACC_SMALL)
         return LN_DEPOSIT_2;

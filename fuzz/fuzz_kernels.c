@@ -410,9 +410,22 @@ static void print_record(const char *name, const operand *o, size_t r)
 typedef struct {
     const operand *x, *w, *b;
     const double *eps; /* per record, or NULL */
+    const operand *dy, *mean; /* the backward's, or NULL */
 } inputs;
 
 static inputs g_in;
+
+/* Every input of record r that the failing job read. */
+static void print_inputs(size_t r)
+{
+    print_record("x", g_in.x, r);
+    print_record("weight", g_in.w, r);
+    print_record("bias", g_in.b, r);
+    print_record("dy", g_in.dy, r);
+    print_record("mean (given)", g_in.mean, r);
+    if (g_in.eps)
+        fprintf(stderr, "fuzz_kernels:   eps of record %zu: %.17g\n", r, g_in.eps[r]);
+}
 
 static void fail_at(const char *what, const char *level, size_t r, size_t c,
                     const void *want, const void *got, ln_dtype t)
@@ -424,11 +437,7 @@ static void fail_at(const char *what, const char *level, size_t r, size_t c,
             "fuzz_kernels:   case: %s\n",
             what, level, r, c, w, bits_of(want, ln_dtype_size(t)), get_value(want, t), level,
             w, bits_of(got, ln_dtype_size(t)), get_value(got, t), g_case);
-    print_record("x", g_in.x, r);
-    print_record("weight", g_in.w, r);
-    print_record("bias", g_in.b, r);
-    if (g_in.eps)
-        fprintf(stderr, "fuzz_kernels:   eps of record %zu: %.17g\n", r, g_in.eps[r]);
+    print_inputs(r);
     abort();
 }
 
@@ -540,11 +549,7 @@ NO_COVERAGE static void canonical_nans_only(const char *level, const operand *ou
                     "fuzz_kernels:   case: %s\n",
                     (int)(2 * isz), bits_of(p, isz), (int)(2 * isz), (unsigned long long)canon,
                     r, c, level, g_case);
-            print_record("x", g_in.x, r);
-            print_record("weight", g_in.w, r);
-            print_record("bias", g_in.b, r);
-            if (g_in.eps)
-                fprintf(stderr, "fuzz_kernels:   eps of record %zu: %.17g\n", r, g_in.eps[r]);
+            print_inputs(r);
             abort();
         }
     }
@@ -609,7 +614,7 @@ static void fuzz_row(reader *r)
              "(%s), weight %s, bias %s, stream=%d",
              op_names[op], dtype_names[t], n, d, x_row, y_row, in_place ? "in place" : "x != y",
              has_w ? "yes" : "no", has_b ? "yes" : "no", stream);
-    g_in = (inputs){&x, has_w ? &w : NULL, has_b ? &b : NULL, eps};
+    g_in = (inputs){&x, has_w ? &w : NULL, has_b ? &b : NULL, eps, NULL, NULL};
 
     const ln_kernels *ks[LN_NISAS];
     const char *names[LN_NISAS];
@@ -892,7 +897,8 @@ static void fuzz_batch(reader *r)
              has_b ? dtype_names[bt] : "none", b_col, b_row, eps_row, y_col, y_row,
              stats ? dtype_names[st_t] : "none", m_row, v_row, off[0], off[1], off[2], off[3],
              off[4], off[5], off[6]);
-    g_in = (inputs){&x, has_w ? &w : NULL, has_b ? &b : NULL, eps};
+    g_in = (inputs){&x, has_w ? &w : NULL, has_b ? &b : NULL, eps, back ? &dy : NULL,
+                    given_mean ? &mean_in : NULL};
 
     const ln_kernels *ks[LN_NISAS];
     const char *names[LN_NISAS];

@@ -307,3 +307,81 @@ def test_tiny_float64_records_with_eps_in_the_backward():
     r = lnc.rms_norm_backward(dy, x, None, 1e-6)
     np.testing.assert_allclose(r.dx, lnc.reference_rms_norm_backward(dy, x, None, 1e-6).dx,
                                rtol=1e-12, atol=1e-300)
+
+
+# ============================================== huge eps and overflowing terms
+
+def test_float32_huge_eps_is_as_accurate_as_any_eps():
+    """eps = 1e90 beside a float32 record: 1/std = 1e-45 is subnormal in
+    float, so the record is computed in double (regression: float lanes
+    used the subnormal 1/std, 40% off though y itself is a normal float)."""
+    rng = np.random.default_rng(7)
+    x = (rng.standard_normal((3, 768)) * 1e15).astype(np.float32)
+    for eps in (1e70, 1e80, 1e90):
+        want = lnc.reference_layer_norm(x, eps=eps).y.astype(np.float32)
+        for isa in lnc.supported_isas():
+            with kernel_settings(isa=isa):
+                y = lnc.layer_norm(x, eps=eps)
+                dx = lnc.layer_norm_backward(np.ones_like(x), x, None, eps).dx
+            np.testing.assert_allclose(y, want, rtol=0, atol=1e-6 * np.abs(want).max(),
+                                       err_msg=f"{isa} {eps}")
+            assert np.isfinite(dx).all(), (isa, eps)
+
+
+def test_float64_eps_near_the_maximum_keeps_the_record():
+    """var + eps overflows double: 1/sqrt(var + eps) is computed at a
+    quarter (exactly), not as 1/sqrt(inf) = 0, which made dx zero (and NaN
+    where a term overflowed). LayerNorm is scale-free, so the reference is
+    the record at 2^-600 with eps at 2^-1200."""
+    x = np.array([[0.0, 1e154, 3.0, 4.0], [1e154, -1e154, 2.0, 5.0]])
+    dy = np.array([[1.0, -2.0, 0.5, 3.0], [0.25, 1.0, -1.0, 2.0]])
+    eps, s = 1.7e308, 2.0**-600
+    want_y = lnc.reference_layer_norm(x * s, eps=eps * s * s).y
+    want_dx = lnc.reference_layer_norm_backward(dy, x * s, None, eps * s * s).dx * s
+    for isa in lnc.supported_isas():
+        with kernel_settings(isa=isa):
+            np.testing.assert_allclose(lnc.layer_norm(x, eps=eps), want_y, rtol=0,
+                                       atol=1e-14 * np.abs(want_y).max(), err_msg=isa)
+            dx = lnc.layer_norm_backward(dy, x, None, eps).dx
+            np.testing.assert_allclose(dx, want_dx, rtol=0, atol=1e-14 * np.abs(want_dx).max(),
+                                       err_msg=isa)
+
+
+@pytest.mark.parametrize("x, dy", [
+    ([1e15, -1e15, 3e15, -3e15], [3e38, -3e38, -3e38, -3e38]),  # g - mean(g), g * t
+    ([1e20, -1e20, 0.0, 3e19], [1.0, 2.0, 3.0, 4.0]),  # t * t
+], ids=["terms", "squares"])
+def test_float32_backward_overflowing_float_is_computed_in_double(x, dy):
+    """float32 records whose backward overflows float in a sum or a term
+    though dx is an ordinary value (the forward of the same x is fine):
+    computed in double (regression: dx was NaN)."""
+    x = np.array([x], np.float32)
+    dy = np.array([dy], np.float32)
+    want = lnc.reference_layer_norm_backward(dy, x, None, 0.0).dx
+    want_rms = lnc.reference_rms_norm_backward(dy, x, None, 0.0).dx
+    assert np.isfinite(want).all() and np.abs(want).max() < 1e30
+    for isa in lnc.supported_isas():
+        with kernel_settings(isa=isa):
+            got = lnc.layer_norm_backward(dy, x, None, 0.0).dx
+            rms = lnc.rms_norm_backward(dy, x, None, 0.0).dx
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-6 * np.abs(want).max(),
+                                   err_msg=isa)
+        np.testing.assert_allclose(rms, want_rms, rtol=0, atol=1e-6 * np.abs(want_rms).max(),
+                                   err_msg=isa)
+
+
+def test_backward_coefficients_overflowing_double_give_the_canonical_nan():
+    """A float64 record whose backward coefficient overflows double (a given
+    mean far from the record's, huge gains, eps near the maximum): dx is NaN,
+    and the one canonical quiet NaN on every level (regression: the sign of
+    0 * inf, found by the kernel fuzzer, was the machine's)."""
+    x = np.array([[-87.0, 3.4028234663852886e38, -8, -30, -66, 1e154, 75, 118]])
+    w = np.array([-1e200, 8.8e129, 6.2e165, -8.8e112, -1.4e115, 5.4e-189, -4.3e188,
+                  -1.8e-6])
+    dy = np.full((1, 8), 1e6)
+    mean = np.array([-2.0])
+    for isa in lnc.supported_isas():
+        with kernel_settings(isa=isa):
+            dx = lnc.layer_norm_backward(dy, x, w, 1.7976931348623157e308, mean=mean).dx
+        bits = dx.view(np.uint64)
+        assert np.all(bits == 0x7FF8000000000000), (isa, [hex(int(b)) for b in bits.ravel()])
