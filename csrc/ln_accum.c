@@ -9,25 +9,42 @@
 
 static const double magic[LN_ACC_LEVELS] = {LN_ACC_C0, LN_ACC_C1, LN_ACC_C2};
 
+/* The layout of an accumulator's block: the totals first (16-byte
+ * aligned, as malloc gives), left unzeroed: the first spill clears them.
+ * Then the level sums, the huge sums and the flags, which start at 0. */
+static size_t totals_bytes(size_t d) { return LN_ACC_LEVELS * (d ? d : 1) * sizeof(ln_i128); }
+
+static size_t zeroed_bytes(size_t d)
+{
+    size_t n = d ? d : 1;
+    return LN_ACC_LEVELS * n * sizeof(uint64_t) + n * sizeof(double) + n;
+}
+
 int ln_acc_init(ln_acc *a, size_t d)
 {
     memset(a, 0, sizeof *a);
     size_t n = d ? d : 1;
-    size_t bytes = LN_ACC_LEVELS * n * sizeof(uint64_t) +
-                   LN_ACC_LEVELS * n * sizeof(ln_i128) + n * sizeof(double) + n;
-    char *p = calloc(1, bytes);
+    char *p = malloc(totals_bytes(d) + zeroed_bytes(d));
     if (p == NULL)
         return -1;
     a->block = p;
     a->d = d;
+    a->total = (ln_i128 *)p;
+    p += totals_bytes(d);
+    memset(p, 0, zeroed_bytes(d));
     for (int l = 0; l < LN_ACC_LEVELS; l++, p += n * sizeof(uint64_t))
         a->sum[l] = (uint64_t *)p;
-    a->total = (ln_i128 *)p;
-    p += LN_ACC_LEVELS * n * sizeof(ln_i128);
     a->huge = (double *)p;
     p += n * sizeof(double);
     a->flags = (uint8_t *)p;
     return 0;
+}
+
+void ln_acc_clear(ln_acc *a)
+{
+    memset((char *)a->block + totals_bytes(a->d), 0, zeroed_bytes(a->d));
+    memset(a->count, 0, sizeof a->count);
+    a->spilled = a->plain = a->used = 0;
 }
 
 void ln_acc_free(ln_acc *a)
@@ -50,8 +67,19 @@ static void add_i128_i128(ln_i128 *t, ln_i128 v)
     t->lo = lo;
 }
 
+/* The totals, cleared before their first use. */
+static void totals_ready(ln_acc *a)
+{
+    if (!a->spilled)
+        memset(a->total, 0, totals_bytes(a->d));
+    a->spilled = 1;
+}
+
 void ln_acc_spill(ln_acc *a)
 {
+    if (a->count[0] == 0 && a->count[1] == 0 && a->count[2] == 0)
+        return;
+    totals_ready(a);
     for (int l = 0; l < LN_ACC_LEVELS; l++) {
         if (a->count[l] == 0)
             continue;
@@ -78,6 +106,7 @@ void ln_acc_deposit_one(ln_acc *a, size_t j, double v)
     } else {
         /* The vector path's arithmetic, on one term, straight into the
          * totals (the level sums stay in step with count). */
+        totals_ready(a);
         for (int l = 0; l < LN_ACC_LEVELS; l++) {
             double t = v + magic[l];
             add_i128(&a->total[j * LN_ACC_LEVELS + l],
@@ -99,8 +128,9 @@ void ln_acc_merge(ln_acc *dst, ln_acc *src)
     dst->used = 1;
     dst->plain |= src->plain;
     ln_acc_spill(src);
+    totals_ready(dst);
     for (size_t j = 0; j < dst->d; j++) {
-        for (int l = 0; l < LN_ACC_LEVELS; l++)
+        for (int l = 0; l < LN_ACC_LEVELS && src->spilled; l++)
             add_i128_i128(&dst->total[j * LN_ACC_LEVELS + l], src->total[j * LN_ACC_LEVELS + l]);
         dst->flags[j] |= src->flags[j];
         dst->huge[j] += src->huge[j];
@@ -222,6 +252,36 @@ static double round_to_bits(const u256 *m, int scale, int bits)
 }
 
 
+/* T1 2^50 + T2 (units of 2^-86) rounded to `bits` bits in double
+ * arithmetic, when |T1| < 2^52: T2's part above 2^50 carried into T1
+ * leaves two exact doubles, A = T1 2^50 and B = T2 mod 2^50, whose sum
+ * A + B is rounded once (53 bits). For 24 bits it is rounded to odd first
+ * (the last bit set when A + B was inexact, which TwoSum tells): rounding
+ * that to float is the exact value rounded once. 0 when |T1| is larger. */
+static int double_value(int64_t t1, int64_t t2, int bits, double *out)
+{
+    const int64_t unit = (int64_t)1 << LN_ACC_WIDTH;
+    if (!(t1 > -((int64_t)1 << 52) && t1 < ((int64_t)1 << 52)) || (bits != 53 && bits != 24))
+        return 0;
+    int64_t low = (int64_t)((uint64_t)t2 & (uint64_t)(unit - 1));
+    int64_t carry = (t2 - low) / unit; /* exact: |carry| < 2^14 */
+    double a = (double)(t1 + carry) * pow2(LN_ACC_WIDTH), b = (double)low;
+    double sum = a + b;
+    double scale = pow2(LN_ACC_TOP_EXP - LN_ACC_WIDTH * (LN_ACC_LEVELS - 1));
+    if (bits == 53) {
+        *out = sum * scale;
+        return 1;
+    }
+    double bb = sum - a, err = (a - (sum - bb)) + (b - bb);
+    uint64_t u = ln_acc_bits(sum);
+    if (err != 0.0 && !(u & 1u)) {
+        u += (sum > 0) == (err > 0) ? 1 : (uint64_t)-1; /* toward the exact value: odd */
+        memcpy(&sum, &u, sizeof sum);
+    }
+    *out = (double)(float)(sum * scale);
+    return 1;
+}
+
 #if defined(__SIZEOF_INT128__)
 /* The common case, |sum| < 2^28 (the top level's total is 0 and the
  * others fit in 64 bits): the sum in units of 2^-86 fits in 128 bits and
@@ -234,6 +294,11 @@ static int small_value(const ln_i128 *t, int bits, double *out)
     for (int l = 1; l < LN_ACC_LEVELS; l++)
         if (t[l].hi != ((int64_t)t[l].lo < 0 ? -1 : 0))
             return 0;
+    double quick;
+    if (double_value((int64_t)t[1].lo, (int64_t)t[2].lo, bits, &quick)) {
+        *out = quick;
+        return 1;
+    }
     /* T1 * 2^LN_ACC_WIDTH as a product: a left shift of a negative value
      * is undefined behaviour (UBSan), and |T1| < 2^63 keeps it in range. */
     __int128 v = (__int128)(int64_t)t[1].lo * ((__int128)1 << LN_ACC_WIDTH) +
@@ -265,19 +330,32 @@ static int small_value(const ln_i128 *t, int bits, double *out)
 }
 #endif
 
-/* The exact sum of feature j (after a spill), rounded to `bits` bits. */
-static double exact_value(const ln_acc *a, size_t j, int bits)
+/* The levels' exact integers T_l of feature j: the spilled totals plus
+ * what the level sums hold since (base: count * bits(C) of each level). */
+static void level_totals(const ln_acc *a, size_t j, const uint64_t base[LN_ACC_LEVELS],
+                         ln_i128 t[LN_ACC_LEVELS])
 {
+    for (int l = 0; l < LN_ACC_LEVELS; l++) {
+        t[l] = a->spilled ? a->total[j * LN_ACC_LEVELS + l] : (ln_i128){0, 0};
+        add_i128(&t[l], (int64_t)(a->sum[l][j] - base[l]));
+    }
+}
+
+/* The exact sum of feature j, rounded to `bits` bits. */
+static double exact_value(const ln_acc *a, size_t j, const uint64_t base[LN_ACC_LEVELS],
+                          int bits)
+{
+    ln_i128 lt[LN_ACC_LEVELS];
+    level_totals(a, j, base, lt);
 #if defined(__SIZEOF_INT128__)
     double fast;
-    if (small_value(&a->total[j * LN_ACC_LEVELS], bits, &fast))
+    if (small_value(lt, bits, &fast))
         return fast;
 #endif
     /* total = sum_l T_l * 2^(14 - 50 l) = (T_0 2^100 + T_1 2^50 + T_2) 2^-86 */
     u256 t = {{0, 0, 0, 0}};
     for (int l = 0; l < LN_ACC_LEVELS; l++)
-        add_shifted(&t, a->total[j * LN_ACC_LEVELS + l],
-                    (unsigned)(LN_ACC_WIDTH * (LN_ACC_LEVELS - 1 - l)));
+        add_shifted(&t, lt[l], (unsigned)(LN_ACC_WIDTH * (LN_ACC_LEVELS - 1 - l)));
     int negative = (int64_t)t.w[3] < 0;
     if (negative)
         negate(&t);
@@ -287,7 +365,10 @@ static double exact_value(const ln_acc *a, size_t j, int bits)
 
 void ln_acc_value(ln_acc *a, double *out, int bits)
 {
-    ln_acc_spill(a);
+    /* Read without a spill: a call of a few records writes no totals. */
+    uint64_t base[LN_ACC_LEVELS];
+    for (int l = 0; l < LN_ACC_LEVELS; l++)
+        base[l] = a->count[l] * ln_acc_bits(magic[l]); /* mod 2^64 */
     for (size_t j = 0; j < a->d; j++) {
         unsigned f = a->flags[j];
         if ((f & LN_ACC_NAN) || ((f & LN_ACC_PINF) && (f & LN_ACC_NINF)))
@@ -297,15 +378,16 @@ void ln_acc_value(ln_acc *a, double *out, int bits)
         else if (f & LN_ACC_NINF)
             out[j] = -INFINITY;
         else if ((f & LN_ACC_HUGE) || a->plain)
-            out[j] = exact_value(a, j, 53) + a->huge[j];
+            out[j] = exact_value(a, j, base, 53) + a->huge[j];
         else
-            out[j] = exact_value(a, j, bits);
+            out[j] = exact_value(a, j, base, bits);
     }
 }
 
 void ln_acc_export(ln_acc *a, uint64_t *words)
 {
     ln_acc_spill(a);
+    totals_ready(a);
     for (size_t j = 0; j < a->d; j++) {
         uint64_t *w = words + j * LN_ACC_STATE_WORDS;
         for (int l = 0; l < LN_ACC_LEVELS; l++) {
@@ -321,6 +403,7 @@ void ln_acc_import(ln_acc *a, const uint64_t *words)
 {
     a->used = 1;
     ln_acc_spill(a);
+    totals_ready(a);
     for (size_t j = 0; j < a->d; j++) {
         const uint64_t *w = words + j * LN_ACC_STATE_WORDS;
         for (int l = 0; l < LN_ACC_LEVELS; l++) {

@@ -74,7 +74,10 @@ typedef struct {
     size_t d;
     uint64_t count[LN_ACC_LEVELS];     /* vector deposits per level since the last spill */
     uint64_t *sum[LN_ACC_LEVELS];      /* bits(t) summed mod 2^64, d each */
-    ln_i128 *total;                    /* d x LN_ACC_LEVELS spilled totals */
+    ln_i128 *total;                    /* d x LN_ACC_LEVELS spilled totals; zeroed
+                                        * at the first spill (a call of a few records
+                                        * never touches them) */
+    int spilled;                       /* the totals hold something */
     uint8_t *flags;                    /* d: LN_ACC_* of the scalar path */
     double *huge;                      /* d: plain sum of finite terms >= LN_ACC_LIMIT */
     void *block;                       /* the memory of all of the above */
@@ -87,6 +90,9 @@ typedef struct {
 /* Allocate and zero (0, or -1 without memory); free. */
 int ln_acc_init(ln_acc *a, size_t d);
 void ln_acc_free(ln_acc *a);
+
+/* Zero an allocated accumulator again, for reuse with the same d. */
+void ln_acc_clear(ln_acc *a);
 
 /* Move the level sums into the totals (call when a count reaches
  * LN_ACC_SPILL, and before reading or merging). */

@@ -291,6 +291,54 @@ def test_exact_sum_is_the_correctly_rounded_sum():
         assert g.dbias[j] == float(exact)
 
 
+def _round_to_bits(v, bits):
+    """A Fraction rounded once to nearest even to `bits` significant bits."""
+    from fractions import Fraction
+    if v == 0:
+        return 0.0
+    m = abs(v)
+    e = m.numerator.bit_length() - m.denominator.bit_length()
+    if Fraction(2) ** e > m:
+        e -= 1  # now 2^e <= m < 2^(e+1)
+    unit = Fraction(2) ** (e - bits + 1)
+    q, r = divmod(m, unit)
+    if r > unit / 2 or (r == unit / 2 and q % 2):
+        q += 1
+    return float(q * unit) * (1 if v > 0 else -1)
+
+
+def test_exact_sums_state_rounds_once_to_double_and_to_float():
+    """The final rounding of the exact sums, on states made directly: level
+    totals T0, T1, T2 (the sum is (T0 2^100 + T1 2^50 + T2) 2^-86) of every
+    size the rounding paths see (T1 below and above 2^52, T2 above 2^50,
+    T0 nonzero), with ties, both to double (53 bits) and to float (24)."""
+    from fractions import Fraction
+    from layernorm_c import _core
+    rng = np.random.default_rng(4)
+    rows = []
+    for _ in range(3000):
+        t0 = int(rng.choice([0, 0, 0, int(rng.integers(-2**20, 2**20))]))
+        t1 = int(rng.integers(-2**62, 2**62)) >> int(rng.integers(0, 62))
+        t2 = int(rng.integers(-2**62, 2**62)) >> int(rng.integers(0, 62))
+        if rng.random() < 0.3:  # a tie at 24 or 53 bits: k, a one, then zeros
+            p = int(rng.choice([24, 53]))
+            k = int(rng.integers(2**(p - 1), 2**p))
+            v = (2 * k + 1) << int(rng.integers(0, 60))
+            v = -v if rng.random() < 0.5 else v
+            t0, t1, t2 = 0, v >> 50, v & (2**50 - 1)
+        rows.append((t0, t1, t2))
+    state = np.zeros((len(rows), 8), np.uint64)
+    for i, ts in enumerate(rows):
+        for l, t in enumerate(ts):
+            state[i, 2 * l] = t & (2**64 - 1)
+            state[i, 2 * l + 1] = (t >> 64) & (2**64 - 1)
+    for bits, single in ((53, False), (24, True)):
+        got = _core._acc_value(state, single)
+        for i, (t0, t1, t2) in enumerate(rows):
+            exact = Fraction(t0 * 2**100 + t1 * 2**50 + t2, 2**86)
+            assert got[i] == _round_to_bits(exact, bits), (bits, t0, t1, t2, got[i])
+
+
 def test_exact_sum_non_finite_terms():
     x = np.random.default_rng(0).standard_normal((5, 4))
     dy = np.ones_like(x)
