@@ -93,6 +93,7 @@ typedef struct {
     void *block;              /* the scratch rows' memory */
     void *x, *dy, *y, *w, *b; /* scratch rows (d items each) */
     const void *w_fixed, *b_fixed;
+    double w_max; /* max |w_fixed| (backward) */
     ln_acc dw, db;
     int has_dw, has_db;
     int borrowed; /* the only worker: dw and db are the job's own sums */
@@ -176,6 +177,18 @@ static const void *ones(void *buf, ln_dtype t, size_t d)
     return buf;
 }
 
+/* max |w| over d values of the compute type: the backward's bound on
+ * |dy * w| (ln_back_fits), found once for a gain every record shares. */
+static double gain_max(const void *w, ln_dtype t, size_t d)
+{
+    double m = 0.0;
+    for (size_t i = 0; i < d; i++) {
+        double a = fabs(t == LN_F64 ? ((const double *)w)[i] : (double)((const float *)w)[i]);
+        m = a > m ? a : m;
+    }
+    return m;
+}
+
 /* Set up a zeroed worker: scratch rows, sums, fixed parameters. On
  * failure (LN_ENOMEM) what it got is for worker_release. */
 static int worker_init(ln_worker *wk, const ln_batch_ctx *c)
@@ -206,6 +219,8 @@ static int worker_init(ln_worker *wk, const ln_batch_ctx *c)
         wk->w_fixed = ones(wk->w, c->ctype, job->d);
     if (job->b.ptr && job->b.row == 0)
         wk->b_fixed = ln_stage_in(c->k, &job->b, 0, job->d, c->ctype, wk->b);
+    if (c->info->reads_dy && wk->w_fixed)
+        wk->w_max = gain_max(wk->w_fixed, c->ctype, job->d);
     return LN_OK;
 }
 
@@ -267,7 +282,7 @@ static ln_rows rows_of(const ln_batch_ctx *c, ln_worker *wk, size_t n, ln_stats 
 {
     ln_rows rows = {
         .n = n, .d = c->job->d,
-        .w = wk->w_fixed, .b = wk->b_fixed,
+        .w = wk->w_fixed, .b = wk->b_fixed, .w_max = wk->w_max,
         .eps = eps, .st = st, .spare = &wk->spare, .stream = c->stream,
         .mean = c->info->reads_mean && c->job->mean.ptr ? mean : NULL,
         .dw = wk->has_dw ? &wk->dw : NULL, .db = wk->has_db ? &wk->db : NULL,

@@ -438,7 +438,7 @@ static double LN_OPS(gain_max)(const LN_P *w, size_t d)
 static int LN_OPS(back_all)(const ln_rows *r, int rms)
 {
     int status = LN_OK;
-    double w_max = LN_OPS(gain_max)(r->w, r->d);
+    double w_max = r->w_max > 0.0 ? r->w_max : LN_OPS(gain_max)(r->w, r->d);
     for (size_t k = 0; k < r->n; k++) {
         int rc = LN_OPS(back_record)(r, k, w_max, rms);
         if (rc == LN_ENOMEM)
