@@ -156,11 +156,36 @@ static int LN_OPS(ln_output)(const LN_S *x, LN_S *y, size_t d, const LN_P *w,
  * group, then its outputs. Each record's statistics are a chain of
  * dependent operations (sum, divide, sum of squares, divide, square root,
  * divide); with several independent chains side by side the CPU overlaps
- * them. The group's rows stay in L1 between the two steps. */
+ * them. The group's rows stay in L1 between the two steps. By row size
+ * (measured, float32/float16/float64, 1 thread):
+ *   up to LN_GROUP_MAX_ROW_BYTES  groups of LN_GROUP, the next group
+ *                                 prefetched while this one is computed;
+ *   up to LN_PAIR_MAX_ROW_BYTES   pairs, no prefetch ((64, 768) 5-15%
+ *                                 faster than one at a time);
+ *   up to LN_PREFETCH_MAX_ROW_BYTES  one at a time, the next row
+ *                                 prefetched (float16 (16384, 4096) from
+ *                                 memory is 7-15% slower without);
+ *   larger                        one at a time, no prefetch: the hardware
+ *                                 prefetcher follows the rows, and a
+ *                                 prefetch of every line of the next row
+ *                                 made float32 (16384, 4096) 18% slower. */
 #ifndef LN_GROUP
 #define LN_GROUP 8
 #define LN_GROUP_MAX_ROW_BYTES 1024
+#define LN_PAIR_MAX_ROW_BYTES 4096
+#define LN_PREFETCH_MAX_ROW_BYTES 8192
 #endif
+
+/* Records per group for rows of `row` bytes, and whether the next group
+ * is prefetched. */
+static size_t LN_OPS(group_size)(size_t row, int *prefetch)
+{
+    *prefetch = row <= LN_GROUP_MAX_ROW_BYTES ||
+                (row > LN_PAIR_MAX_ROW_BYTES && row <= LN_PREFETCH_MAX_ROW_BYTES);
+    if (row <= LN_GROUP_MAX_ROW_BYTES)
+        return LN_GROUP;
+    return row <= LN_PAIR_MAX_ROW_BYTES ? 2 : 1;
+}
 
 /* The statistics of record k (0, or LN_ENOMEM): LayerNorm's, or (rms)
  * RMSNorm's, whose record is NaN too when it holds a non-finite value. */
@@ -269,11 +294,11 @@ static int LN_OPS(norm_rows)(const ln_rows *r, int rms)
     if (LN_CORE(is_short)(r->d))
         return LN_OPS(norm_short_rows)(r, rms);
 #endif
-    int status = LN_OK;
-    size_t group = r->d * sizeof(LN_S) <= LN_GROUP_MAX_ROW_BYTES ? LN_GROUP : 1;
+    int status = LN_OK, prefetch;
+    size_t group = LN_OPS(group_size)(r->d * sizeof(LN_S), &prefetch);
     for (size_t k0 = 0; k0 < r->n; k0 += group) {
         size_t k1 = r->n - k0 < group ? r->n : k0 + group;
-        if (k1 < r->n) /* the next group's rows, while this one is computed */
+        if (prefetch && k1 < r->n) /* the next group's rows, while this one is computed */
             ln_prefetch((const char *)r->x + (ptrdiff_t)k1 * r->x_row,
                         (k1 + group <= r->n ? group : r->n - k1) * r->d * sizeof(LN_S));
         for (size_t k = k0; k < k1; k++)
