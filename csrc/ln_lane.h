@@ -156,11 +156,22 @@ LN_ALWAYS_INLINE void LN_FN(apply_short)(const LN_S *x, LN_S *y, size_t d, LN_T 
 #define LN_HAS_SHORT_ROWS 1
 #define LN_SHORT_GROUP 16
 
-/* Is a record of d features short? */
-LN_ALWAYS_INLINE int LN_FN(is_short)(size_t d) { return d <= LN_SHORT; }
+/* Float records of up to two lane rows are done in groups too: lane j then
+ * holds (0 + u_j) + u_(j + LN_LANES), as the one block of the general
+ * loops makes it (ln_contract.h, item 2), and the tree is over all
+ * LN_LANES. (1e6, 40..63) float32 LayerNorm runs about 2x faster than
+ * record by record, (1e6, 64) float16 2x; (1e6, 64) float32 RMSNorm, whose
+ * record path is two full vectors per pass, about 7% slower. Double
+ * records keep to LN_SHORT. */
+#undef LN_GROUP_SHORT
+#define LN_GROUP_SHORT (sizeof(LN_T) == 8 ? LN_SHORT : 2 * LN_LANES)
+_Static_assert(2 * LN_LANES <= LN_BLOCK, "two lane rows make one block");
+
+/* Is a record of d features short (done in groups)? */
+LN_ALWAYS_INLINE int LN_FN(is_short)(size_t d) { return d <= LN_GROUP_SHORT; }
 
 typedef struct {
-    LN_T v[LN_LANES][LN_SHORT_GROUP];
+    LN_T v[2 * LN_LANES][LN_SHORT_GROUP];
     double mean[LN_SHORT_GROUP], var[LN_SHORT_GROUP], rstd[LN_SHORT_GROUP];
     LN_T hi[LN_SHORT_GROUP], lo[LN_SHORT_GROUP];
 } LN_FN(short_group);
@@ -176,37 +187,75 @@ LN_ALWAYS_INLINE void LN_FN(group_tree)(double t[LN_LANES][LN_SHORT_GROUP], size
                 t[j][k] += t[j + h][k];
 }
 
+/* Record k's row into rows[k] (zeros past d): the first lane row in
+ * [0, w), a second one (d > LN_LANES) in [LN_LANES, 2 LN_LANES). */
+LN_ALWAYS_INLINE void LN_FN(group_load)(LN_T rows[LN_SHORT_GROUP][2 * LN_LANES], const char *x,
+                                        ptrdiff_t x_row, size_t n, size_t d, size_t w)
+{
+    size_t d1 = d < LN_LANES ? d : LN_LANES;
+    for (size_t k = 0; k < LN_SHORT_GROUP; k++) {
+        const LN_S *row = (const LN_S *)(x + (ptrdiff_t)k * x_row);
+        if (k < n)
+            LN_FN(load_part)(rows[k], row, d1, w);
+        else
+            for (size_t j = 0; j < w; j++)
+                rows[k][j] = 0;
+        if (d > LN_LANES && k < n)
+            LN_FN(load_part)(rows[k] + LN_LANES, row + LN_LANES, d - LN_LANES, LN_LANES);
+        else if (d > LN_LANES)
+            for (size_t j = 0; j < LN_LANES; j++)
+                rows[k][LN_LANES + j] = 0;
+    }
+}
+
+/* The group's block lanes of the statistics, as doubles in t: u_j, plus
+ * u_(j + LN_LANES) in the second lane row (LN_T, in that order), then 0.0
+ * up to w. shifted: u = x - x[0] ((T)0 + u, the block lane, is never
+ * -0.0, and 0.0 + it is the total lane); else u = fma(c, c, lane) with c
+ * the centered value (for RMSNorm, x itself: hi = lo = 0). */
+LN_ALWAYS_INLINE void LN_FN(group_lanes)(LN_T v[2 * LN_LANES][LN_SHORT_GROUP], size_t d,
+                                         size_t w, const LN_T hi[LN_SHORT_GROUP],
+                                         const LN_T lo[LN_SHORT_GROUP], int shifted,
+                                         double t[LN_LANES][LN_SHORT_GROUP])
+{
+    size_t d1 = d < LN_LANES ? d : LN_LANES, d2 = d > LN_LANES ? d - LN_LANES : 0;
+    LN_T u[LN_LANES][LN_SHORT_GROUP];
+    for (size_t j = 0; j < d1; j++)
+        for (size_t k = 0; k < LN_SHORT_GROUP; k++)
+            u[j][k] = shifted ? (LN_T)0 + (v[j][k] - v[0][k])
+                              : LN_FN(add_square)((LN_T)0, LN_FN(center)(v[j][k], hi[k], lo[k]));
+    for (size_t j = 0; j < d2; j++)
+        for (size_t k = 0; k < LN_SHORT_GROUP; k++)
+            u[j][k] = shifted ? u[j][k] + (v[LN_LANES + j][k] - v[0][k])
+                              : LN_FN(add_square)(u[j][k], LN_FN(center)(v[LN_LANES + j][k],
+                                                                         hi[k], lo[k]));
+    for (size_t j = 0; j < d1; j++)
+        for (size_t k = 0; k < LN_SHORT_GROUP; k++)
+            t[j][k] = (double)u[j][k];
+    for (size_t j = d1; j < w; j++)
+        for (size_t k = 0; k < LN_SHORT_GROUP; k++)
+            t[j][k] = 0.0;
+}
+
 LN_ALWAYS_INLINE void LN_FN(group_stats_w)(LN_FN(short_group) *g, const char *x,
                                            ptrdiff_t x_row, size_t n, size_t d,
                                            const double *eps, int rms, size_t w)
 {
-    LN_T (*v)[LN_SHORT_GROUP] = g->v, rows[LN_SHORT_GROUP][LN_LANES];
+    LN_T (*v)[LN_SHORT_GROUP] = g->v, rows[LN_SHORT_GROUP][2 * LN_LANES];
     LN_T hi[LN_SHORT_GROUP], lo[LN_SHORT_GROUP];
     double t[LN_LANES][LN_SHORT_GROUP], mean[LN_SHORT_GROUP], dd = (double)d;
-    for (size_t k = 0; k < LN_SHORT_GROUP; k++) {
-        if (k < n)
-            LN_FN(load_part)(rows[k], (const LN_S *)(x + (ptrdiff_t)k * x_row), d, w);
-        else
-            for (size_t j = 0; j < w; j++)
-                rows[k][j] = 0;
-    }
-    for (size_t j = 0; j < w; j++)
+    size_t wv = d > LN_LANES ? 2 * LN_LANES : w; /* the rows' width */
+    LN_FN(group_load)(rows, x, x_row, n, d, w);
+    for (size_t j = 0; j < wv; j++)
         for (size_t k = 0; k < LN_SHORT_GROUP; k++)
             v[j][k] = rows[k][j];
+    for (size_t k = 0; k < LN_SHORT_GROUP; k++)
+        hi[k] = lo[k] = 0;
     if (rms) {
-        for (size_t k = 0; k < LN_SHORT_GROUP; k++) {
+        for (size_t k = 0; k < LN_SHORT_GROUP; k++)
             mean[k] = 0.0;
-            hi[k] = lo[k] = 0;
-        }
     } else {
-        /* (T)0 + u is the block lane; (double) of it is the total lane
-         * 0.0 + that, exactly (it is never -0.0). */
-        for (size_t j = 0; j < d; j++)
-            for (size_t k = 0; k < LN_SHORT_GROUP; k++)
-                t[j][k] = (double)((LN_T)0 + (v[j][k] - v[0][k]));
-        for (size_t j = d; j < w; j++)
-            for (size_t k = 0; k < LN_SHORT_GROUP; k++)
-                t[j][k] = 0.0;
+        LN_FN(group_lanes)(v, d, w, hi, lo, 1, t);
         LN_FN(group_tree)(t, w);
         for (size_t k = 0; k < LN_SHORT_GROUP; k++) {
             mean[k] = (double)v[0][k] + t[0][k] / dd;
@@ -214,12 +263,7 @@ LN_ALWAYS_INLINE void LN_FN(group_stats_w)(LN_FN(short_group) *g, const char *x,
             lo[k] = (LN_T)(mean[k] - (double)hi[k]);
         }
     }
-    for (size_t j = 0; j < d; j++)
-        for (size_t k = 0; k < LN_SHORT_GROUP; k++)
-            t[j][k] = (double)LN_FN(add_square)((LN_T)0, LN_FN(center)(v[j][k], hi[k], lo[k]));
-    for (size_t j = d; j < w; j++)
-        for (size_t k = 0; k < LN_SHORT_GROUP; k++)
-            t[j][k] = 0.0;
+    LN_FN(group_lanes)(v, d, w, hi, lo, 0, t);
     LN_FN(group_tree)(t, w);
     for (size_t k = 0; k < LN_SHORT_GROUP; k++) {
         double e = k < n && ln_eps_is_valid(eps[k]) ? eps[k] : 0.0;
@@ -237,7 +281,11 @@ LN_ALWAYS_INLINE void LN_FN(group_stats)(LN_FN(short_group) *g, const char *x,
                                          ptrdiff_t x_row, size_t n, size_t d,
                                          const double *eps, int rms)
 {
-    if (d == LN_SHORT)
+    if (d == 2 * LN_LANES)
+        LN_FN(group_stats_w)(g, x, x_row, n, 2 * LN_LANES, eps, rms, LN_LANES);
+    else if (d > LN_LANES)
+        LN_FN(group_stats_w)(g, x, x_row, n, d, eps, rms, LN_LANES);
+    else if (d == LN_SHORT)
         LN_FN(group_stats_w)(g, x, x_row, n, LN_SHORT, eps, rms, LN_SHORT);
     else if (d == LN_SHORT / 2)
         LN_FN(group_stats_w)(g, x, x_row, n, LN_SHORT / 2, eps, rms, LN_SHORT / 2);
@@ -267,7 +315,7 @@ LN_ALWAYS_INLINE void LN_FN(group_output_d)(LN_FN(short_group) *g, char *y, ptrd
         for (size_t k = 0; k < LN_SHORT_GROUP; k++)
             g->v[j][k] = LN_FN(affine)(LN_FN(normalize)(g->v[j][k], g->hi[k], r[k], c[k]),
                                        wp, bp, j);
-    LN_T rows[LN_SHORT_GROUP][LN_LANES];
+    LN_T rows[LN_SHORT_GROUP][2 * LN_LANES];
     for (size_t j = 0; j < w; j++)
         for (size_t k = 0; k < LN_SHORT_GROUP; k++)
             rows[k][j] = g->v[j][k];
@@ -276,7 +324,10 @@ LN_ALWAYS_INLINE void LN_FN(group_output_d)(LN_FN(short_group) *g, char *y, ptrd
             continue;
         LN_S *row = (LN_S *)(y + (ptrdiff_t)k * y_row);
 #if defined(LN_STORE_PART)
-        LN_STORE_PART(row, rows[k], d, w);
+        /* a lane row at a time: the level's part stores take at most one */
+        LN_STORE_PART(row, rows[k], d < LN_LANES ? d : LN_LANES, w < LN_LANES ? w : LN_LANES);
+        if (d > LN_LANES)
+            LN_STORE_PART(row + LN_LANES, rows[k] + LN_LANES, d - LN_LANES, LN_LANES);
 #else
         for (size_t j = 0; j < d; j++)
             LN_STORE(row + j, rows[k][j]);
@@ -288,7 +339,11 @@ LN_ALWAYS_INLINE void LN_FN(group_output)(LN_FN(short_group) *g, char *y, ptrdif
                                           size_t n, size_t d, const LN_P *restrict wp,
                                           const LN_P *restrict bp, const int *keep)
 {
-    if (d == LN_SHORT)
+    if (d == 2 * LN_LANES)
+        LN_FN(group_output_d)(g, y, y_row, n, 2 * LN_LANES, wp, bp, keep, 2 * LN_LANES);
+    else if (d > LN_LANES)
+        LN_FN(group_output_d)(g, y, y_row, n, d, wp, bp, keep, 2 * LN_LANES);
+    else if (d == LN_SHORT)
         LN_FN(group_output_d)(g, y, y_row, n, LN_SHORT, wp, bp, keep, LN_SHORT);
     else if (d == LN_SHORT / 2)
         LN_FN(group_output_d)(g, y, y_row, n, LN_SHORT / 2, wp, bp, keep, LN_SHORT / 2);

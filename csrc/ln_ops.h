@@ -249,8 +249,8 @@ static int LN_OPS(norm_short_rows)(const ln_rows *r, int rms)
      * zeros past d): the group's outputs are computed for whole lane rows,
      * and the caller's arrays hold d items only. */
     const LN_P *rw = r->w, *rb = r->b;
-    LN_P wp[LN_LANES], bp[LN_LANES];
-    for (size_t j = 0; j < LN_LANES; j++) {
+    LN_P wp[2 * LN_LANES], bp[2 * LN_LANES];
+    for (size_t j = 0; j < 2 * LN_LANES; j++) {
         wp[j] = rw && j < r->d ? rw[j] : (LN_P)1;
         bp[j] = rb && j < r->d ? rb[j] : (LN_P)0;
     }
