@@ -263,8 +263,9 @@ static int double_value(int64_t t1, int64_t t2, int bits, double *out)
     const int64_t unit = (int64_t)1 << LN_ACC_WIDTH;
     if (!(t1 > -((int64_t)1 << 52) && t1 < ((int64_t)1 << 52)) || (bits != 53 && bits != 24))
         return 0;
-    int64_t low = (int64_t)((uint64_t)t2 & (uint64_t)(unit - 1));
-    int64_t carry = (t2 - low) / unit; /* exact: |carry| < 2^14 */
+    /* carry = floor(t2 / 2^50), without overflow near INT64_MIN; |carry| <= 2^13 */
+    int64_t carry = t2 >= 0 ? t2 / unit : -(-(t2 + 1) / unit) - 1;
+    int64_t low = t2 - carry * unit; /* in [0, 2^50) */
     double a = (double)(t1 + carry) * pow2(LN_ACC_WIDTH), b = (double)low;
     double sum = a + b;
     double scale = pow2(LN_ACC_TOP_EXP - LN_ACC_WIDTH * (LN_ACC_LEVELS - 1));

@@ -327,6 +327,10 @@ def test_exact_sums_state_rounds_once_to_double_and_to_float():
             v = -v if rng.random() < 0.5 else v
             t0, t1, t2 = 0, v >> 50, v & (2**50 - 1)
         rows.append((t0, t1, t2))
+    # the ends of the 64-bit level totals, with small and large T1
+    for t1 in (0, 1, -1, 2**51 - 1, -(2**51) + 1, 2**52, -(2**52)):
+        for t2 in (-(2**63), -(2**63) + 1, 2**63 - 1, -(2**50), 2**50 - 1):
+            rows.append((0, t1, t2))
     state = np.zeros((len(rows), 8), np.uint64)
     for i, ts in enumerate(rows):
         for l, t in enumerate(ts):
