@@ -104,7 +104,7 @@ typedef struct {
     void *y;              /* y, or dx */
     ptrdiff_t y_row;
     const void *w, *b;    /* compute type, contiguous; NULL when absent */
-    double w_max;         /* backward: max |w| if the caller knows it, else 0 */
+    double w_max;         /* backward: max |w| (w is never NULL there) */
     const double *eps;    /* n values */
     const double *mean;   /* backward: n given means, or NULL to recompute */
     ln_stats *st;         /* n values, written */

@@ -178,7 +178,8 @@ static const void *ones(void *buf, ln_dtype t, size_t d)
 }
 
 /* max |w| over d values of the compute type: the backward's bound on
- * |dy * w| (ln_back_fits), found once for a gain every record shares. */
+ * |dy * w| (ln_back_fits), found once for a gain every record shares and
+ * once per record for a staged per-record gain. */
 static double gain_max(const void *w, ln_dtype t, size_t d)
 {
     double m = 0.0;
@@ -332,8 +333,11 @@ static int run_staged(const ln_batch_ctx *c, ln_worker *wk, size_t r)
     rows.stream = c->stream && direct_y;
     if (c->info->reads_dy)
         rows.dy = ln_stage_in(c->k, &job->dy, r, d, job->dtype, wk->dy);
-    if (job->w.ptr && !wk->w_fixed)
+    if (job->w.ptr && !wk->w_fixed) {
         rows.w = ln_stage_in(c->k, &job->w, r, d, c->ctype, wk->w);
+        if (c->info->reads_dy)
+            rows.w_max = gain_max(rows.w, c->ctype, d);
+    }
     if (job->b.ptr && !wk->b_fixed)
         rows.b = ln_stage_in(c->k, &job->b, r, d, c->ctype, wk->b);
     int status = c->kernel(&rows);

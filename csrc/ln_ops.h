@@ -447,23 +447,10 @@ static int LN_OPS(back_record)(const ln_rows *r, size_t k, double w_max, int rms
     return LN_OK;
 }
 
-/* max |w| (1 with no gain: dy * 1): with max |dy| a bound on |dy * w|. */
-static double LN_OPS(gain_max)(const LN_P *w, size_t d)
-{
-    if (w == NULL)
-        return 1.0;
-    double m = 0.0;
-    for (size_t i = 0; i < d; i++) {
-        double a = fabs((double)w[i]);
-        m = a > m ? a : m;
-    }
-    return m;
-}
-
 static int LN_OPS(back_all)(const ln_rows *r, int rms)
 {
     int status = LN_OK;
-    double w_max = r->w_max > 0.0 ? r->w_max : LN_OPS(gain_max)(r->w, r->d);
+    double w_max = r->w_max; /* the batch layer's bound on |w| */
     for (size_t k = 0; k < r->n; k++) {
         int rc = LN_OPS(back_record)(r, k, w_max, rms);
         if (rc == LN_ENOMEM)
