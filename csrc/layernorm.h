@@ -186,6 +186,13 @@ const ln_kernels *ln_kernels_for(ln_isa isa);
 const char *ln_isa_name(ln_isa isa);
 int ln_isa_from_name(const char *name, ln_isa *isa); /* 0 on success */
 
+#if defined(LN_HAVE_X86_LEVELS)
+/* 1 when the CPU has AVX512-BF16 (set once, when the library is loaded,
+ * before any thread can read it): the AVX-512 level then rounds whole
+ * bfloat16 rows with its conversion instruction (ln_x86.h). */
+extern int ln_cpu_bf16_convert;
+#endif
+
 /* Run a batch with up to n_threads threads (records split, never a
  * record). Small batches run on the calling thread. */
 int ln_batch_run(const ln_kernels *k, const ln_job *job, int n_threads);

@@ -49,6 +49,15 @@ static int has_avx512(void)
            __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
            __builtin_cpu_supports("avx512dq");
 }
+
+int ln_cpu_bf16_convert = 0;
+
+/* Read at load time, so that no kernel ever sees it change. */
+__attribute__((constructor)) static void detect_bf16_convert(void)
+{
+    __builtin_cpu_init();
+    ln_cpu_bf16_convert = has_avx512() && __builtin_cpu_supports("avx512bf16");
+}
 #endif
 
 int ln_isa_supported(ln_isa isa)

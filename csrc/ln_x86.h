@@ -188,10 +188,42 @@ static inline void ln_load_row_bf16(float *v, const uint16_t *p)
         _mm512_storeu_ps(v + j, ln_float_of_bf16(_mm256_loadu_si256((const __m256i *)(p + j))));
 }
 
+/* The lanes of f that are subnormal floats (zero exponent, nonzero
+ * fraction). */
+static inline __mmask16 ln_subnormal_lanes(__m512 f)
+{
+    __m512i u = _mm512_castps_si512(f);
+    __mmask16 zero_exp = _mm512_testn_epi32_mask(u, _mm512_set1_epi32(0x7f800000));
+    return _mm512_mask_test_epi32_mask(zero_exp, u, _mm512_set1_epi32(0x7fffff));
+}
+
+/* 32 floats rounded to bfloat16 by AVX512-BF16's vcvtne2ps2bf16, whose
+ * rounding and NaNs are ln_bf16_of's (round to nearest even on the bits;
+ * a NaN keeps its top bits with the quiet bit set) except that it
+ * flushes subnormal floats to zero: the caller sends those vectors to
+ * ln_bf16_of. Inline assembly rather than the intrinsic, whose target
+ * attribute would keep it from being inlined into this level's loops
+ * (built for CPUs without the instruction too: ln_cpu_bf16_convert
+ * says when it may run). The low 16 results come from lo. */
+static inline __m512i ln_bf16_pair_of(__m512 lo, __m512 hi)
+{
+    __m512i h;
+    __asm__("vcvtne2ps2bf16 %2, %1, %0" : "=v"(h) : "v"(hi), "v"(lo));
+    return h;
+}
+
 static inline void ln_store_row_bf16(uint16_t *p, const float *v)
 {
-    for (size_t j = 0; j < LN_LANES; j += 16)
-        _mm256_storeu_si256((__m256i *)(p + j), ln_bf16_of(_mm512_loadu_ps(v + j)));
+    _Static_assert(LN_LANES % 32 == 0, "bfloat16 rows convert 32 floats at a time");
+    for (size_t j = 0; j < LN_LANES; j += 32) {
+        __m512 lo = _mm512_loadu_ps(v + j), hi = _mm512_loadu_ps(v + j + 16);
+        if (ln_cpu_bf16_convert && !(ln_subnormal_lanes(lo) | ln_subnormal_lanes(hi))) {
+            _mm512_storeu_si512((void *)(p + j), ln_bf16_pair_of(lo, hi));
+        } else {
+            _mm256_storeu_si256((__m256i *)(p + j), ln_bf16_of(lo));
+            _mm256_storeu_si256((__m256i *)(p + j + 16), ln_bf16_of(hi));
+        }
+    }
 }
 
 /* Parts with 16-bit masked loads and stores (AVX-512BW). */

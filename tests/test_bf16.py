@@ -149,6 +149,34 @@ def test_reproducible_across_levels_threads_and_layouts(restore_settings):
         assert_same_bits(np.ascontiguousarray(lnc.rms_norm(xl, w)), want[1], layout)
 
 
+def test_rounding_of_subnormal_infinite_and_nan_outputs_on_every_level(restore_settings):
+    """Outputs that are subnormal floats, infinities and NaNs round as
+    ml_dtypes rounds the float32 result, on every level: the AVX-512
+    level's conversion instruction flushes subnormal floats to zero, so
+    its vectors holding one must take the integer rounding, while vectors
+    of normal values, infinities and NaNs beside them need not."""
+    rng = np.random.default_rng(7)
+    n, d = 64, 96
+    x = rng.standard_normal((n, d)).astype(BF16)
+    x[5, 3] = np.nan  # a NaN record
+    mag = np.concatenate([10.0 ** rng.uniform(-40, -38, 32),  # subnormal y
+                          10.0 ** rng.uniform(-37, 2, 32),
+                          10.0 ** rng.uniform(37, 38.5, 32)])  # y overflows
+    w = (mag * rng.choice([-1.0, 1.0], d)).astype(BF16)
+    b = np.zeros(d, BF16)
+    b[40] = np.inf
+    want = lnc.layer_norm(*_f32(x, w, b), eps=1e-3)
+    yf = want.astype(F32)
+    assert (np.abs(yf[np.isfinite(yf)]) < np.finfo(F32).tiny).sum() > 20 * n
+    assert np.isinf(yf).any() and np.isnan(yf).any()
+    for isa in lnc.supported_isas():
+        lnc.set_isa(isa)
+        got = lnc.layer_norm(x, w, b, eps=1e-3)
+        assert_same_bits(got, want.astype(BF16), isa)
+        rms = lnc.rms_norm(x, w, eps=1e-3)
+        assert_same_bits(rms, lnc.rms_norm(*_f32(x, w), eps=1e-3).astype(BF16), f"rms {isa}")
+
+
 def test_a_record_alone_or_in_a_batch():
     x, _, w, b = _batch(50, 130)
     full = lnc.layer_norm(x, w, b)
