@@ -556,6 +556,7 @@ static PyObject *fast_norm(ln_op op, PyObject *const *args, int w_in_ctype)
                          .dtype = xt};
     job.y = (ln_operand){.ptr = PyArray_BYTES((PyArrayObject *)y), .row = d * y_isz,
                          .col = y_isz, .dtype = job.dtype};
+    job.y_new = args[4] == Py_None;
     job.eps = (ln_operand){.ptr = (char *)&eps, .dtype = LN_F64};
 
     char *w_copy = NULL, *b_copy = NULL;

@@ -79,6 +79,9 @@ typedef struct {
     ln_operand w, b;    /* gain and bias: per feature (row stride 0) or per record */
     ln_operand eps;     /* one double per record (col unused) */
     ln_operand y;       /* output rows (y, or dx for the backward), of `dtype` */
+    int y_new;          /* y was just allocated for this call, its pages never
+                         * touched: written with plain stores (streamed, each
+                         * first touch of a page costs more than it saves) */
     ln_operand mean, var; /* per-record statistics (col unused), may be absent:
                            * written by the forward; the backward reads mean */
     ln_acc *dw, *db;    /* backward: the sums over records, or NULL */

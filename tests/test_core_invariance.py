@@ -117,8 +117,9 @@ def test_thread_count_does_not_change_bits(isa, dtype):
 @pytest.fixture(scope="module")
 def large_batches():
     """Batches large enough for every big-data path: threads, and streaming
-    stores of outputs over 32 MB (float32/float64; float16 outputs are
-    always staged); rows of odd length, so records start at every alignment."""
+    stores of outputs over 32 MB (float32/float64, into an existing out=;
+    new outputs and float16 outputs are never streamed); rows of odd length,
+    so records start at every alignment."""
     rng = np.random.default_rng(13)
     d = 1027
     size = {F16: 8 << 20, F32: 34 << 20, F64: 34 << 20}
@@ -138,6 +139,8 @@ def test_large_batches_same_bits_alone_in_place_and_threaded(isa, dtype, large_b
     inplace = batch.copy()
     lnc.layer_norm(inplace, w, b, out=inplace)
     assert_same_bits(inplace, res.y, "in place")
+    lnc.layer_norm(batch, w, b, out=inplace)  # streamed into an existing array
+    assert_same_bits(inplace, res.y, "out=")
     del inplace
     lnc.set_num_threads(1)
     assert_same_bits(lnc.layer_norm(batch, w, b), res.y, "one thread")
