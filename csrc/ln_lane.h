@@ -616,7 +616,7 @@ static void LN_FN(back_sums)(const LN_S *x, const LN_S *dy, const LN_P *restrict
                 l1[j] = LN_FN(add_square)(l1[j], t);
                 l2[j] += g;
                 l3[j] = LN_FN(add_product)(l3[j], g, t);
-                LN_T ad = dyv < 0 ? -dyv : dyv, at = t < 0 ? -t : t;
+                LN_T ad = (LN_T)fabs((double)dyv), at = (LN_T)fabs((double)t);
                 mdy[j] = ad > mdy[j] ? ad : mdy[j];
                 mt[j] = at > mt[j] ? at : mt[j];
             }
@@ -628,7 +628,7 @@ static void LN_FN(back_sums)(const LN_S *x, const LN_S *dy, const LN_P *restrict
             l1[j] = LN_FN(add_square)(l1[j], t);
             l2[j] += g;
             l3[j] = LN_FN(add_product)(l3[j], g, t);
-            LN_T ad = dyv < 0 ? -dyv : dyv, at = t < 0 ? -t : t;
+            LN_T ad = (LN_T)fabs((double)dyv), at = (LN_T)fabs((double)t);
             mdy[j] = ad > mdy[j] ? ad : mdy[j];
             mt[j] = at > mt[j] ? at : mt[j];
         }

@@ -347,6 +347,32 @@ static int LN_OPS(forward_mean)(const LN_S *x, size_t d, ln_spare *spare, double
 #endif
 }
 
+/* The forward's variance is the only thing besides the first pass that
+ * its mean depends on (the fallback of item 8 recomputes both). The
+ * backward's own sums measure it too, around m0: when that measure is
+ * free of cancellation (the mean within half a standard deviation of
+ * m0) and a factor 100 inside the range where the forward keeps its
+ * statistics, the forward's variance (the same quantity, within a few
+ * float roundings) is inside it as well, and the first pass alone gave
+ * the forward's mean. Otherwise the caller computes the forward's
+ * statistics in full. */
+#if defined(LN_WIDE)
+#define LN_QUICK_VAR_MIN (100 * LN_F32_VAR_MIN)
+#define LN_QUICK_VAR_MAX (LN_F32_VAR_MAX / 100)
+#else
+#define LN_QUICK_VAR_MIN (100 * LN_F64_VAR_MIN)
+#define LN_QUICK_VAR_MAX (DBL_MAX / 100)
+#endif
+static int LN_OPS(forward_var_in_range)(double mean, const ln_back_sums *s, size_t d)
+{
+    double md = s->st / (double)d, ms = s->stt / (double)d;
+    double var = ms - md * md;
+    return isfinite(mean) && isfinite(md) && md * md <= 0.25 * ms &&
+           var >= LN_QUICK_VAR_MIN && var <= LN_QUICK_VAR_MAX;
+}
+#undef LN_QUICK_VAR_MIN
+#undef LN_QUICK_VAR_MAX
+
 /* The coefficients of LayerNorm's backward, or (rms) RMSNorm's. */
 static int LN_OPS(coef_of)(const ln_back_sums *sums, double m0, size_t d, double eps,
                            ln_back_coef *c, int rms)
@@ -401,16 +427,26 @@ static int LN_OPS(back_record)(const ln_rows *r, size_t k, double w_max, int rms
         LN_CORE(fill_nan)(dx, d);
         return LN_EBADEPS;
     }
+    ln_back_sums sums;
+    ln_back_coef c;
     if (rms) {
         m0 = 0.0;
     } else if (r->mean) {
         m0 = (double)(LN_CT)r->mean[k];
-    } else if (LN_OPS(forward_mean)(x, d, r->spare, &m0) != LN_OK) {
-        return LN_ENOMEM;
+    } else {
+        /* The forward's mean from its first pass, kept when the sums show
+         * its variance safely in range; else from its full statistics. */
+        double mean = LN_CORE(mean_of)(x, d);
+        m0 = (double)(LN_CT)mean;
+        LN_CORE(back_sums)(x, dy, r->w, d, (LN_CT)m0, &sums);
+        if (!LN_OPS(forward_var_in_range)(mean, &sums, d)) {
+            if (LN_OPS(forward_mean)(x, d, r->spare, &m0) != LN_OK)
+                return LN_ENOMEM;
+            LN_CORE(back_sums)(x, dy, r->w, d, (LN_CT)m0, &sums);
+        }
     }
-    ln_back_sums sums;
-    ln_back_coef c;
-    LN_CORE(back_sums)(x, dy, r->w, d, (LN_CT)m0, &sums);
+    if (rms || r->mean)
+        LN_CORE(back_sums)(x, dy, r->w, d, (LN_CT)m0, &sums);
     int rc = LN_OPS(coef_of)(&sums, m0, d, eps, &c, rms), ok = rc == 1;
 #if defined(LN_WIDE)
     if (!(ok && LN_OPS(fits_float)(c.var, c.rstd) &&

@@ -4,11 +4,17 @@
  * template (see ln_tmpl.h). No include guard.
  */
 
-/* mean = x[0] + sum(x - x[0]) / d, var = sum(((x - hi) - lo)^2) / d. */
-static void LN_FN(stats)(const LN_S *x, size_t d, ln_stats *st)
+/* mean = x[0] + sum(x - x[0]) / d: the first pass. */
+static inline double LN_FN(mean_of)(const LN_S *x, size_t d)
 {
     LN_T shift = LN_LOAD(x);
-    st->mean = (double)shift + LN_FN(sum_shifted)(x, d, shift) / (double)d;
+    return (double)shift + LN_FN(sum_shifted)(x, d, shift) / (double)d;
+}
+
+/* The mean, then var = sum(((x - hi) - lo)^2) / d. */
+static void LN_FN(stats)(const LN_S *x, size_t d, ln_stats *st)
+{
+    st->mean = LN_FN(mean_of)(x, d);
     LN_T hi = (LN_T)st->mean;
     LN_T lo = (LN_T)(st->mean - (double)hi);
     st->var = LN_FN(sum_squares)(x, d, hi, lo) / (double)d;

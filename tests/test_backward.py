@@ -276,6 +276,42 @@ def test_given_mean_gives_the_same_bits(dtype):
             assert_same_bits(u, v, name)
 
 
+def _records_near_the_fallbacks(dtype, d=96, seed=3):
+    """Records whose forward keeps its statistics and records whose
+    forward recomputes them (item 8 of the contract), on both sides of
+    each range limit, with and without cancellation around the mean."""
+    rng = np.random.default_rng(seed)
+    z = rng.standard_normal(d)
+    if dtype == F64:
+        scales = [2.0 ** e for e in (-484, -481, -479, -476, -470, 500, 508, 511, 512)]
+        scales += [1e150, 1e153, 1e154]  # squares near and past the double range
+    else:
+        scales = [10.0 ** e for e in np.arange(-16.5, -13, 0.25)]
+        scales += [10.0 ** e for e in np.arange(13.5, 16.5, 0.25)]
+    rows = [z * s for s in scales]
+    rows += [o + z * s for o in (1.0, 1e4, -3e5) for s in (1e-9, 1e-6, 1e-4, 1e-2)]
+    return np.array(rows).astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", [F32, F64], ids=str)
+def test_omitted_mean_is_the_forwards_near_its_fallbacks(dtype, restore_settings):
+    """Without `mean` the backward takes the forward's mean from its first
+    pass when its own sums show the forward's variance safely in range, and
+    computes the forward's statistics in full otherwise: either way the
+    bits of passing the forward's mean."""
+    x = _records_near_the_fallbacks(dtype)
+    rng = np.random.default_rng(4)
+    dy = rng.standard_normal(x.shape).astype(dtype)
+    w = rng.uniform(0.5, 2, x.shape[1]).astype(dtype)
+    for isa in lnc.supported_isas():
+        lnc.set_isa(isa)
+        fwd = lnc.layer_norm(x, w, return_stats=True)
+        a = lnc.layer_norm_backward(dy, x, w)
+        b = lnc.layer_norm_backward(dy, x, w, mean=fwd.mean)
+        for name, u, v in zip(b._fields, b, a):
+            assert_same_bits(u, v, f"{name} ({isa})")
+
+
 # ------------------------------------------------------------ exact sums
 
 def test_exact_sum_is_the_correctly_rounded_sum():
