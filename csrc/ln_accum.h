@@ -36,6 +36,11 @@
 #define LN_ACC_C0 0x1.8p66
 #define LN_ACC_C1 0x1.8p16
 #define LN_ACC_C2 0x1.8p-34
+/* C1 + C2, exact (52 bits). For t = v + C1 = C1 + h (h = round(v / 2^-36)
+ * * 2^-36), C12 - t is C2 - h exactly, so v + (C12 - t) is the
+ * remainder v - h plus C2, rounded once: the lower level's t, one
+ * operation shorter than forming the remainder first. */
+#define LN_ACC_C12 (LN_ACC_C1 + LN_ACC_C2)
 /* Terms below this magnitude take the vector path (the top level needs
  * |v| < 2^(51 + 14)). Terms below LN_ACC_SMALL round to 0 at the top
  * level (|v| / 2^14 <= 1/2, ties to even), so a row whose terms all are
@@ -53,6 +58,7 @@ _Static_assert(LN_ACC_LEVELS == 3, "the deposit code is written for three levels
 _Static_assert(LN_ACC_C0 == 0x1.8p52 * 0x1p14 && LN_ACC_C1 == LN_ACC_C0 * 0x1p-50 &&
                    LN_ACC_C2 == LN_ACC_C1 * 0x1p-50,
                "level grids 2^14, 2^-36, 2^-86, LN_ACC_WIDTH bits apart");
+_Static_assert(LN_ACC_C12 - LN_ACC_C1 == LN_ACC_C2, "C1 + C2 is exact");
 #endif
 /* LN_ACC_SPILL * 2^51 < 2^63 */
 _Static_assert(LN_ACC_SPILL < (1ll << (63 - 51)), "spill before a level sum overflows");

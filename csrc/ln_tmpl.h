@@ -237,26 +237,22 @@ enum { LN_BACK_NONE = 0, LN_BACK_3 = 1, LN_BACK_2 = 2, LN_BACK_PLAIN = 3, LN_BAC
        LN_BACK_W2 = 5 };
 
 /* The levels of a term, vector path: round(v / grid) into each level's
- * bits sum (see ln_accum.h). */
-LN_ALWAYS_INLINE void ln_deposit3(uint64_t *restrict s0, uint64_t *restrict s1,
-                                  uint64_t *restrict s2, size_t i, double v)
-{
-    double t = v + LN_ACC_C0;
-    s0[i] += ln_acc_bits(t);
-    v = v - (t - LN_ACC_C0);
-    t = v + LN_ACC_C1;
-    s1[i] += ln_acc_bits(t);
-    v = v - (t - LN_ACC_C1);
-    s2[i] += ln_acc_bits(v + LN_ACC_C2);
-}
-
+ * bits sum (see ln_accum.h). The lower two levels of |v| < 2^13. */
 LN_ALWAYS_INLINE void ln_deposit2(uint64_t *restrict s1, uint64_t *restrict s2, size_t i,
                                   double v)
 {
     double t = v + LN_ACC_C1;
     s1[i] += ln_acc_bits(t);
-    v = v - (t - LN_ACC_C1);
-    s2[i] += ln_acc_bits(v + LN_ACC_C2);
+    s2[i] += ln_acc_bits(v + (LN_ACC_C12 - t));
+}
+
+/* All three: the top level's remainder (|v - h| <= 2^13) goes down. */
+LN_ALWAYS_INLINE void ln_deposit3(uint64_t *restrict s0, uint64_t *restrict s1,
+                                  uint64_t *restrict s2, size_t i, double v)
+{
+    double t = v + LN_ACC_C0;
+    s0[i] += ln_acc_bits(t);
+    ln_deposit2(s1, s2, i, v - (t - LN_ACC_C0));
 }
 
 /* A spare row of `bytes` bytes (64-byte aligned) for the rare paths of a
