@@ -60,8 +60,12 @@ _Static_assert(LN_ACC_C0 == 0x1.8p52 * 0x1p14 && LN_ACC_C1 == LN_ACC_C0 * 0x1p-5
                "level grids 2^14, 2^-36, 2^-86, LN_ACC_WIDTH bits apart");
 _Static_assert(LN_ACC_C12 - LN_ACC_C1 == LN_ACC_C2, "C1 + C2 is exact");
 #endif
-/* LN_ACC_SPILL * 2^51 < 2^63 */
-_Static_assert(LN_ACC_SPILL < (1ll << (63 - 51)), "spill before a level sum overflows");
+/* Deposits a caller may count past the spill point before it checks
+ * (ln_acc_count: a group of records finished together). */
+#define LN_ACC_OVERSHOOT 64
+/* (LN_ACC_SPILL + LN_ACC_OVERSHOOT) * 2^51 < 2^63 */
+_Static_assert(LN_ACC_SPILL + LN_ACC_OVERSHOOT < (1ll << (63 - 51)),
+               "spill before a level sum overflows");
 
 /* Per-feature flags of the scalar path. */
 #define LN_ACC_NAN 1u
@@ -104,14 +108,29 @@ void ln_acc_clear(ln_acc *a);
  * LN_ACC_SPILL, and before reading or merging). */
 void ln_acc_spill(ln_acc *a);
 
-/* After a record's vector deposits into the lowest `levels` levels. */
-static inline void ln_acc_counted(ln_acc *a, int levels)
+/* After a record's vector deposits into the lowest `levels` levels:
+ * counted, then spilled if due. Records whose deposits are interleaved
+ * (a group done a column chunk at a time) are all counted before the
+ * spill check: a spill subtracts count * bits(C) from sums that must hold
+ * exactly the counted deposits. Such a group has at most LN_ACC_OVERSHOOT
+ * records. */
+static inline void ln_acc_count(ln_acc *a, int levels)
 {
     a->used = 1;
     for (int l = LN_ACC_LEVELS - levels; l < LN_ACC_LEVELS; l++)
         a->count[l]++;
+}
+
+static inline void ln_acc_spill_if_due(ln_acc *a)
+{
     if (a->count[LN_ACC_LEVELS - 1] >= LN_ACC_SPILL)
         ln_acc_spill(a);
+}
+
+static inline void ln_acc_counted(ln_acc *a, int levels)
+{
+    ln_acc_count(a, levels);
+    ln_acc_spill_if_due(a);
 }
 
 /* One term of feature j on the scalar path (any value). */

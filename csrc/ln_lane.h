@@ -742,36 +742,37 @@ LN_BACK_LOOP(back_loop_w2, LN_BACK_W2)
 #undef LN_SINKS
 #undef LN_SINK_PARAMS
 
-/* dx, and the record's terms deposited into dw and db (both, dw alone, or
- * neither); path is LN_DEPOSIT_3, _2 or _PLAIN (the scalar path is the
- * record kernel's). One loop per mode. */
-static void LN_FN(back_apply)(const LN_S *x, const LN_S *dy, LN_S *dx, size_t d,
+/* dx of n elements, and their terms deposited into dw and db (both, dw
+ * alone, or neither) at features at, at + 1, ...; path is LN_DEPOSIT_3,
+ * _2 or _PLAIN (the scalar path is the record kernel's). One loop per
+ * mode. */
+static void LN_FN(back_apply)(const LN_S *x, const LN_S *dy, LN_S *dx, size_t n,
                               const LN_P *restrict w, LN_T hi, LN_T r, LN_T c, LN_T a,
-                              LN_T bm, ln_acc *dw, ln_acc *db, int path)
+                              LN_T bm, ln_acc *dw, ln_acc *db, int path, size_t at)
 {
     if (dw && !db && path != LN_DEPOSIT_PLAIN) {
         uint64_t *const *sw = dw->sum;
         if (path == LN_DEPOSIT_3)
-            LN_FN(back_loop_w3)(x, dy, dx, d, w, hi, r, c, a, bm, sw[0], sw[1], sw[2], NULL,
-                                NULL, NULL, NULL, NULL);
+            LN_FN(back_loop_w3)(x, dy, dx, n, w, hi, r, c, a, bm, sw[0] + at, sw[1] + at,
+                                sw[2] + at, NULL, NULL, NULL, NULL, NULL);
         else
-            LN_FN(back_loop_w2)(x, dy, dx, d, w, hi, r, c, a, bm, NULL, sw[1], sw[2], NULL,
-                                NULL, NULL, NULL, NULL);
+            LN_FN(back_loop_w2)(x, dy, dx, n, w, hi, r, c, a, bm, NULL, sw[1] + at,
+                                sw[2] + at, NULL, NULL, NULL, NULL, NULL);
         return;
     }
     if (!dw || !db) {
-        LN_FN(back_loop_none)(x, dy, dx, d, w, hi, r, c, a, bm, NULL, NULL, NULL, NULL, NULL,
+        LN_FN(back_loop_none)(x, dy, dx, n, w, hi, r, c, a, bm, NULL, NULL, NULL, NULL, NULL,
                               NULL, NULL, NULL);
         return;
     }
     uint64_t *const *sw = dw->sum, *const *sb = db->sum;
     if (path == LN_DEPOSIT_3)
-        LN_FN(back_loop_3)(x, dy, dx, d, w, hi, r, c, a, bm, sw[0], sw[1], sw[2], sb[0], sb[1],
-                           sb[2], NULL, NULL);
+        LN_FN(back_loop_3)(x, dy, dx, n, w, hi, r, c, a, bm, sw[0] + at, sw[1] + at,
+                           sw[2] + at, sb[0] + at, sb[1] + at, sb[2] + at, NULL, NULL);
     else if (path == LN_DEPOSIT_2)
-        LN_FN(back_loop_2)(x, dy, dx, d, w, hi, r, c, a, bm, NULL, sw[1], sw[2], NULL, sb[1],
-                           sb[2], NULL, NULL);
+        LN_FN(back_loop_2)(x, dy, dx, n, w, hi, r, c, a, bm, NULL, sw[1] + at, sw[2] + at,
+                           NULL, sb[1] + at, sb[2] + at, NULL, NULL);
     else
-        LN_FN(back_loop_plain)(x, dy, dx, d, w, hi, r, c, a, bm, NULL, NULL, NULL, NULL, NULL,
-                               NULL, dw->huge, db->huge);
+        LN_FN(back_loop_plain)(x, dy, dx, n, w, hi, r, c, a, bm, NULL, NULL, NULL, NULL, NULL,
+                               NULL, dw->huge + at, db->huge + at);
 }

@@ -414,10 +414,24 @@ static int LN_OPS(back_scaled)(const ln_rows *r, const LN_S *x, const LN_S *dy, 
 #endif
 
 
+/* A record left to the vector dx loop: its rows, coefficients and
+ * deposit path (LN_DEPOSIT_3, _2 or _PLAIN); path -1 when the record was
+ * done whole. */
+typedef struct {
+    const LN_S *x, *dy;
+    LN_S *dx;
+    ln_back_coef c;
+    int path;
+} LN_OPS(back_prep);
+
 /* The backward of record k: dx, and its terms into r->dw and r->db
- * (LayerNorm's, or with rms RMSNorm's: no mean, so no shift and no bias). */
-static int LN_OPS(back_record)(const ln_rows *r, size_t k, double w_max, int rms)
+ * (LayerNorm's, or with rms RMSNorm's: no mean, so no shift and no bias).
+ * A record for the vector loop is only prepared, into *p, for the caller
+ * to finish; every other one is done here. */
+static int LN_OPS(back_record)(const ln_rows *r, size_t k, double w_max, int rms,
+                               LN_OPS(back_prep) *p)
 {
+    p->path = -1;
     size_t d = r->d;
     const LN_S *x = (const LN_S *)((const char *)r->x + (ptrdiff_t)k * r->x_row);
     const LN_S *dy = (const LN_S *)((const char *)r->dy + (ptrdiff_t)k * r->dy_row);
@@ -479,22 +493,65 @@ static int LN_OPS(back_record)(const ln_rows *r, size_t k, double w_max, int rms
         return LN_OK;
     }
     int path = ln_deposit_path(&sums, &c, r->dw);
-    LN_CORE(back_output)(x, dy, dx, d, r->w, &c, r->dw, r->db, path);
+    if (path == LN_DEPOSIT_SCALAR) {
+        LN_CORE(back_output)(x, dy, dx, d, r->w, &c, r->dw, r->db, path);
+        return LN_OK;
+    }
+    *p = (LN_OPS(back_prep)){.x = x, .dy = dy, .dx = dx, .c = c, .path = path};
     return LN_OK;
+}
+
+/* Records of more than LN_BACK_CHUNK features are finished LN_BACK_GROUP
+ * at a time, a chunk of LN_BACK_CHUNK features of each in turn: the
+ * chunk's level sums (32 bytes a feature) then stay in L1 across the
+ * group, where a whole record's would not (float32 (16384, 4096), one
+ * thread: 200 -> 143 ms; (1024, 3072) 12% faster). Every element and
+ * deposit is the same operation in either order, and the deposits are
+ * exact: the same bits. */
+#define LN_BACK_CHUNK 512
+#define LN_BACK_GROUP 8
+_Static_assert(LN_BACK_GROUP <= LN_ACC_OVERSHOOT, "a group's deposits fit before a spill");
+
+/* dx of a group's prepared records, chunk by chunk, then their deposits
+ * counted (all of them before a spill: ln_acc_count). */
+static void LN_OPS(back_finish)(const ln_rows *r, const LN_OPS(back_prep) *p, size_t m)
+{
+    size_t d = r->d;
+    for (size_t i0 = 0; i0 < d; i0 += LN_BACK_CHUNK) {
+        size_t i1 = d - i0 > LN_BACK_CHUNK ? i0 + LN_BACK_CHUNK : d;
+        for (size_t j = 0; j < m; j++)
+            LN_CORE(back_output_span)(p[j].x, p[j].dy, p[j].dx, i0, i1, r->w, &p[j].c, r->dw,
+                                      r->db, p[j].path);
+    }
+    for (size_t j = 0; j < m; j++)
+        LN_CORE(back_counted)(r->dw, r->db, p[j].path);
+    if (r->dw)
+        ln_acc_spill_if_due(r->dw);
+    if (r->db)
+        ln_acc_spill_if_due(r->db);
 }
 
 static int LN_OPS(back_all)(const ln_rows *r, int rms)
 {
     int status = LN_OK;
     double w_max = r->w_max; /* the batch layer's bound on |w| */
-    for (size_t k = 0; k < r->n; k++) {
-        int rc = LN_OPS(back_record)(r, k, w_max, rms);
-        if (rc == LN_ENOMEM)
-            return rc;
-        status = status > rc ? status : rc;
+    size_t group = r->d > LN_BACK_CHUNK ? LN_BACK_GROUP : 1;
+    LN_OPS(back_prep) p[LN_BACK_GROUP];
+    for (size_t k0 = 0; k0 < r->n; k0 += group) {
+        size_t k1 = r->n - k0 > group ? k0 + group : r->n, m = 0;
+        for (size_t k = k0; k < k1; k++) {
+            int rc = LN_OPS(back_record)(r, k, w_max, rms, &p[m]);
+            if (rc == LN_ENOMEM)
+                return rc;
+            status = status > rc ? status : rc;
+            m += p[m].path >= 0;
+        }
+        LN_OPS(back_finish)(r, p, m);
     }
     return status;
 }
+#undef LN_BACK_CHUNK
+#undef LN_BACK_GROUP
 
 /* The LayerNorm backward of r->n records. */
 static int LN_OPS(layer_norm_backward)(const ln_rows *r)

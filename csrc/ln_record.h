@@ -92,20 +92,23 @@ static void LN_FN(back_nan)(const LN_S *x, const LN_S *dy, LN_S *dx, size_t d,
     LN_FN(back_deposit)(x, dy, d, c, dw, db, x_nan);
 }
 
-/* dx from the coefficients, and the terms deposited by `path`. */
-static void LN_FN(back_output)(const LN_S *x, const LN_S *dy, LN_S *dx, size_t d,
-                               const LN_P *w, const ln_back_coef *c, ln_acc *dw, ln_acc *db,
-                               int path)
+/* dx of the elements [i0, i1) from the coefficients, and their terms
+ * deposited by `path` (any but LN_DEPOSIT_SCALAR): uncounted (see
+ * back_counted). */
+static void LN_FN(back_output_span)(const LN_S *x, const LN_S *dy, LN_S *dx, size_t i0,
+                                    size_t i1, const LN_P *w, const ln_back_coef *c,
+                                    ln_acc *dw, ln_acc *db, int path)
 {
     LN_T hi = (LN_T)c->mean, r = (LN_T)c->rstd;
     LN_T off = LN_FN(offset)((LN_T)(c->mean - (double)hi), r);
     LN_T a = (LN_T)c->a, bm = (LN_T)c->bm;
-    if (path == LN_DEPOSIT_SCALAR) {
-        LN_FN(back_apply)(x, dy, dx, d, w, hi, r, off, a, bm, NULL, NULL, path);
-        LN_FN(back_deposit)(x, dy, d, c, dw, db, 0);
-        return;
-    }
-    LN_FN(back_apply)(x, dy, dx, d, w, hi, r, off, a, bm, dw, db, path);
+    LN_FN(back_apply)(x + i0, dy + i0, dx + i0, i1 - i0, w + i0, hi, r, off, a, bm, dw, db,
+                      path, i0);
+}
+
+/* A record's vector deposits counted (a spill is the caller's). */
+static inline void LN_FN(back_counted)(ln_acc *dw, ln_acc *db, int path)
+{
     if (path == LN_DEPOSIT_PLAIN) {
         dw->used = 1; /* the plain path is the benchmark's, with both sums */
         if (db)
@@ -114,7 +117,25 @@ static void LN_FN(back_output)(const LN_S *x, const LN_S *dy, LN_S *dx, size_t d
     }
     int levels = path == LN_DEPOSIT_3 ? 3 : 2;
     if (dw)
-        ln_acc_counted(dw, levels);
+        ln_acc_count(dw, levels);
     if (db)
-        ln_acc_counted(db, levels);
+        ln_acc_count(db, levels);
+}
+
+/* dx from the coefficients, and the terms deposited by `path`. */
+static void LN_FN(back_output)(const LN_S *x, const LN_S *dy, LN_S *dx, size_t d,
+                               const LN_P *w, const ln_back_coef *c, ln_acc *dw, ln_acc *db,
+                               int path)
+{
+    if (path == LN_DEPOSIT_SCALAR) {
+        LN_FN(back_output_span)(x, dy, dx, 0, d, w, c, NULL, NULL, path);
+        LN_FN(back_deposit)(x, dy, d, c, dw, db, 0);
+        return;
+    }
+    LN_FN(back_output_span)(x, dy, dx, 0, d, w, c, dw, db, path);
+    LN_FN(back_counted)(dw, db, path);
+    if (dw)
+        ln_acc_spill_if_due(dw);
+    if (db)
+        ln_acc_spill_if_due(db);
 }

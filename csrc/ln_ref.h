@@ -85,27 +85,29 @@ static void LN_FN(back_sums)(const LN_S *x, const LN_S *dy, const LN_P *w, size_
     s->max_t = max_t;
 }
 
-/* dx, and the record's terms dy * xhat and dy deposited into the level
- * sums of dw and db (path LN_DEPOSIT_3 or _2; NULL: no deposit). */
-static void LN_FN(back_apply)(const LN_S *x, const LN_S *dy, LN_S *dx, size_t d,
+/* dx of n elements, and their terms dy * xhat and dy deposited into the
+ * level sums of dw and db at features at, at + 1, ... (path LN_DEPOSIT_3
+ * or _2; NULL: no deposit). */
+static void LN_FN(back_apply)(const LN_S *x, const LN_S *dy, LN_S *dx, size_t n,
                               const LN_P *w, LN_T hi, LN_T r, LN_T c, LN_T a, LN_T bm,
-                              ln_acc *dw, ln_acc *db, int path)
+                              ln_acc *dw, ln_acc *db, int path, size_t at)
 {
-    for (size_t i = 0; i < d; i++) {
+    for (size_t i = 0; i < n; i++) {
         LN_T xh = LN_FN(normalize)(LN_LOAD(x + i), hi, r, c);
         LN_T dyv = LN_LOAD(dy + i);
+        size_t j = at + i;
         LN_STORE(dx + i, LN_FN(grad_input)(LN_FN(gain_grad)(dyv, w, i), xh, a, bm, r));
         if (dw && path == LN_DEPOSIT_PLAIN)
-            dw->huge[i] += (double)dyv * (double)xh;
+            dw->huge[j] += (double)dyv * (double)xh;
         else if (dw && path == LN_DEPOSIT_3)
-            ln_deposit3(dw->sum[0], dw->sum[1], dw->sum[2], i, (double)dyv * (double)xh);
+            ln_deposit3(dw->sum[0], dw->sum[1], dw->sum[2], j, (double)dyv * (double)xh);
         else if (dw)
-            ln_deposit2(dw->sum[1], dw->sum[2], i, (double)dyv * (double)xh);
+            ln_deposit2(dw->sum[1], dw->sum[2], j, (double)dyv * (double)xh);
         if (db && path == LN_DEPOSIT_PLAIN)
-            db->huge[i] += (double)dyv;
+            db->huge[j] += (double)dyv;
         else if (db && path == LN_DEPOSIT_3)
-            ln_deposit3(db->sum[0], db->sum[1], db->sum[2], i, (double)dyv);
+            ln_deposit3(db->sum[0], db->sum[1], db->sum[2], j, (double)dyv);
         else if (db)
-            ln_deposit2(db->sum[1], db->sum[2], i, (double)dyv);
+            ln_deposit2(db->sum[1], db->sum[2], j, (double)dyv);
     }
 }

@@ -327,6 +327,35 @@ def test_exact_sum_is_the_correctly_rounded_sum():
         assert g.dbias[j] == float(exact)
 
 
+def test_wide_records_finished_in_groups_keep_the_exact_sums(restore_settings):
+    """Records of more than 512 features are finished eight at a time, a
+    column chunk of each in turn, and their deposits counted together:
+    the sums stay exact across a spill of the level sums (every 2048
+    records) even when a record outside the vector loop (a NaN record,
+    deposited one term at a time) shifts where the spill falls in a
+    group; and the rows' order changes no bit."""
+    from fractions import Fraction
+    rng = np.random.default_rng(21)
+    n, d = 2100, 520
+    x = rng.standard_normal((n, d)).astype(F32)
+    dy = rng.standard_normal((n, d)).astype(F32)
+    x[5, 7] = np.nan  # dx and the dweight terms NaN; its dy still deposited
+    g = lnc.layer_norm_backward(dy, x)
+    assert np.isnan(g.dweight).all() and np.isnan(g.dx[5]).all()
+    for j in (0, 300, 511, 512, 519):
+        assert g.dbias[j] == float(sum(Fraction(float(t)) for t in dy[:, j])), j
+    perm = rng.permutation(n)
+    for threads in (1, 2):
+        lnc.set_num_threads(threads)
+        h = lnc.layer_norm_backward(dy[perm], x[perm])
+        assert_same_bits(h.dbias, g.dbias, f"dbias, rows permuted, {threads} threads")
+        assert_same_bits(h.dx, g.dx[perm], f"dx, {threads} threads")
+    clean = np.delete(np.arange(n), 5)
+    k = lnc.layer_norm_backward(dy[clean], x[clean])
+    h = lnc.layer_norm_backward(dy[clean][::-1], x[clean][::-1])
+    assert_same_bits(h.dweight, k.dweight, "dweight, rows reversed")
+
+
 def _round_to_bits(v, bits):
     """A Fraction rounded once to nearest even to `bits` significant bits."""
     from fractions import Fraction
