@@ -597,6 +597,19 @@ static inline void LN_FN(widen)(const void *src, void *dst, size_t n)
 
 /* ---- the backward ---------------------------------------------------- */
 
+/* The largest of the first w lanes (w a power of two; none NaN), in a
+ * pairwise tree rather than a chain of w dependent comparisons: the
+ * maximum of numbers is the same in any order. */
+LN_ALWAYS_INLINE LN_T LN_FN(lane_max)(LN_T m[LN_LANES], size_t w)
+{
+    LN_UNROLL
+    for (size_t h = w / 2; h >= 1; h /= 2)
+        LN_UNROLL
+        for (size_t j = 0; j < h; j++)
+            m[j] = m[j + h] > m[j] ? m[j + h] : m[j];
+    return m[0];
+}
+
 /* The four sums of ln_back_sums in lane form (the order of ln_ref.h). */
 static void LN_FN(back_sums)(const LN_S *x, const LN_S *dy, const LN_P *restrict w,
                              size_t d, LN_T m0, ln_back_sums *s)
@@ -642,11 +655,8 @@ static void LN_FN(back_sums)(const LN_S *x, const LN_S *dy, const LN_P *restrict
     s->stt = ln_tree_sum(tot[1]);
     s->g = ln_tree_sum(tot[2]);
     s->gt = ln_tree_sum(tot[3]);
-    s->max_dy = s->max_t = 0;
-    for (size_t j = 0; j < LN_LANES; j++) {
-        s->max_dy = mdy[j] > s->max_dy ? mdy[j] : s->max_dy;
-        s->max_t = mt[j] > s->max_t ? mt[j] : s->max_t;
-    }
+    s->max_dy = LN_FN(lane_max)(mdy, LN_LANES);
+    s->max_t = LN_FN(lane_max)(mt, LN_LANES);
 }
 
 
