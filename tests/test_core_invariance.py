@@ -185,6 +185,33 @@ def test_short_records_match_scalar_at_every_position_of_a_group(restore_setting
                 assert_same_result(got[1], want[1], f"{isa}, {dtype}, d={d}, rms_norm")
 
 
+@pytest.mark.parametrize("dtype,d", [(F32, 16), (F32, 33), (F32, 64), (F16, 64), (F64, 16)],
+                         ids=str)
+def test_short_records_streamed_into_a_large_out(dtype, d, restore_settings):
+    """Short records of 128 bytes or more written into an existing out= of
+    more than 32 MB go out a group at a time with streaming stores from
+    the first 64-byte boundary on (shorter ones record by record): the
+    same bits as the plain stores of a new array, at any alignment of out
+    (the head and tail of each group stored plainly)."""
+    rng = np.random.default_rng(31)
+    n = (34 << 20) // (d * dtype.itemsize) + 5
+    x = (rng.standard_normal((n, d)) * 3 + 1).astype(dtype)
+    w, b = (rng.uniform(0.5, 2, d).astype(dtype), rng.standard_normal(d).astype(dtype))
+    want = lnc.layer_norm(x, w, b)
+    rms = lnc.rms_norm(x, w)
+    buf = np.empty(n * d + 7, dtype)
+    for isa in lnc.supported_isas():
+        lnc.set_isa(isa)
+        for shift in (0, 1, 5):
+            out = buf[shift:shift + n * d].reshape(n, d)
+            out.fill(np.nan)
+            lnc.layer_norm(x, w, b, out=out)
+            assert_same_bits(out, want, f"{isa}, out shifted by {shift}")
+        out.fill(np.nan)
+        lnc.rms_norm(x, w, out=out)
+        assert_same_bits(out, rms, f"{isa} rms")
+
+
 def test_isa_settings_round_trip(restore_settings):
     assert "scalar" in lnc.supported_isas()
     assert lnc.get_isa() in lnc.supported_isas()
