@@ -109,11 +109,11 @@ void ln_acc_clear(ln_acc *a);
 void ln_acc_spill(ln_acc *a);
 
 /* After a record's vector deposits into the lowest `levels` levels:
- * counted, then spilled if due. Records whose deposits are interleaved
- * (a group done a column chunk at a time) are all counted before the
- * spill check: a spill subtracts count * bits(C) from sums that must hold
- * exactly the counted deposits. Such a group has at most LN_ACC_OVERSHOOT
- * records. */
+ * counted; then, once every record of its group is counted, spilled if
+ * due. Records whose deposits are interleaved (a group done a column
+ * chunk at a time) are all counted before the spill check: a spill
+ * subtracts count * bits(C) from sums that must hold exactly the counted
+ * deposits. Such a group has at most LN_ACC_OVERSHOOT records. */
 static inline void ln_acc_count(ln_acc *a, int levels)
 {
     a->used = 1;
@@ -125,12 +125,6 @@ static inline void ln_acc_spill_if_due(ln_acc *a)
 {
     if (a->count[LN_ACC_LEVELS - 1] >= LN_ACC_SPILL)
         ln_acc_spill(a);
-}
-
-static inline void ln_acc_counted(ln_acc *a, int levels)
-{
-    ln_acc_count(a, levels);
-    ln_acc_spill_if_due(a);
 }
 
 /* One term of feature j on the scalar path (any value). */

@@ -406,7 +406,7 @@ static int LN_OPS(back_scaled)(const ln_rows *r, const LN_S *x, const LN_S *dy, 
         LN_CORE(back_nan)(xs, dy, dx, d, &c, dw, db, !isfinite(sums.st + sums.stt));
         return LN_OK;
     }
-    LN_CORE(back_output)(xs, dy, dx, d, r->w, &c, dw, db, LN_DEPOSIT_SCALAR);
+    LN_CORE(back_output_scalar)(xs, dy, dx, d, r->w, &c, dw, db);
     for (size_t i = 0; i < d; i++)
         dx[i] = dx[i] * s;
     return LN_OK;
@@ -474,7 +474,7 @@ static int LN_OPS(back_record)(const ln_rows *r, size_t k, double w_max, int rms
             LN_WIDE(back_nan)(x, dy, dx, d, &c, r->dw, r->db, !isfinite(sums.st + sums.stt));
             return LN_OK;
         }
-        LN_WIDE(back_output)(x, dy, dx, d, r->w, &c, r->dw, r->db, LN_DEPOSIT_SCALAR);
+        LN_WIDE(back_output_scalar)(x, dy, dx, d, r->w, &c, r->dw, r->db);
         return LN_OK;
     }
 #else
@@ -494,7 +494,7 @@ static int LN_OPS(back_record)(const ln_rows *r, size_t k, double w_max, int rms
     }
     int path = ln_deposit_path(&sums, &c, r->dw);
     if (path == LN_DEPOSIT_SCALAR) {
-        LN_CORE(back_output)(x, dy, dx, d, r->w, &c, r->dw, r->db, path);
+        LN_CORE(back_output_scalar)(x, dy, dx, d, r->w, &c, r->dw, r->db);
         return LN_OK;
     }
     *p = (LN_OPS(back_prep)){.x = x, .dy = dy, .dx = dx, .c = c, .path = path};

@@ -122,20 +122,13 @@ static inline void LN_FN(back_counted)(ln_acc *dw, ln_acc *db, int path)
         ln_acc_count(db, levels);
 }
 
-/* dx from the coefficients, and the terms deposited by `path`. */
-static void LN_FN(back_output)(const LN_S *x, const LN_S *dy, LN_S *dx, size_t d,
-                               const LN_P *w, const ln_back_coef *c, ln_acc *dw, ln_acc *db,
-                               int path)
+/* dx from the coefficients, and the terms deposited one by one
+ * (LN_DEPOSIT_SCALAR: the rare records kept out of the vector loop, whose
+ * callers finish with back_output_span and back_counted). */
+static void LN_FN(back_output_scalar)(const LN_S *x, const LN_S *dy, LN_S *dx, size_t d,
+                                      const LN_P *w, const ln_back_coef *c, ln_acc *dw,
+                                      ln_acc *db)
 {
-    if (path == LN_DEPOSIT_SCALAR) {
-        LN_FN(back_output_span)(x, dy, dx, 0, d, w, c, NULL, NULL, path);
-        LN_FN(back_deposit)(x, dy, d, c, dw, db, 0);
-        return;
-    }
-    LN_FN(back_output_span)(x, dy, dx, 0, d, w, c, dw, db, path);
-    LN_FN(back_counted)(dw, db, path);
-    if (dw)
-        ln_acc_spill_if_due(dw);
-    if (db)
-        ln_acc_spill_if_due(db);
+    LN_FN(back_output_span)(x, dy, dx, 0, d, w, c, NULL, NULL, LN_DEPOSIT_SCALAR);
+    LN_FN(back_deposit)(x, dy, d, c, dw, db, 0);
 }
