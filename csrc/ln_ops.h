@@ -441,26 +441,21 @@ static int LN_OPS(back_record)(const ln_rows *r, size_t k, double w_max, int rms
         LN_CORE(fill_nan)(dx, d);
         return LN_EBADEPS;
     }
+    /* Without a given mean, the forward's mean from its first pass, kept
+     * when the sums show its variance safely in range; else from its full
+     * statistics. */
+    int own_mean = !rms && !r->mean;
+    double mean = own_mean ? LN_CORE(mean_of)(x, d) : 0.0;
+    if (!rms)
+        m0 = (double)(LN_CT)(r->mean ? r->mean[k] : mean);
     ln_back_sums sums;
     ln_back_coef c;
-    if (rms) {
-        m0 = 0.0;
-    } else if (r->mean) {
-        m0 = (double)(LN_CT)r->mean[k];
-    } else {
-        /* The forward's mean from its first pass, kept when the sums show
-         * its variance safely in range; else from its full statistics. */
-        double mean = LN_CORE(mean_of)(x, d);
-        m0 = (double)(LN_CT)mean;
+    LN_CORE(back_sums)(x, dy, r->w, d, (LN_CT)m0, &sums);
+    if (own_mean && !LN_OPS(forward_var_in_range)(mean, &sums, d)) {
+        if (LN_OPS(forward_mean)(x, d, r->spare, &m0) != LN_OK)
+            return LN_ENOMEM;
         LN_CORE(back_sums)(x, dy, r->w, d, (LN_CT)m0, &sums);
-        if (!LN_OPS(forward_var_in_range)(mean, &sums, d)) {
-            if (LN_OPS(forward_mean)(x, d, r->spare, &m0) != LN_OK)
-                return LN_ENOMEM;
-            LN_CORE(back_sums)(x, dy, r->w, d, (LN_CT)m0, &sums);
-        }
     }
-    if (rms || r->mean)
-        LN_CORE(back_sums)(x, dy, r->w, d, (LN_CT)m0, &sums);
     int rc = LN_OPS(coef_of)(&sums, m0, d, eps, &c, rms), ok = rc == 1;
 #if defined(LN_WIDE)
     if (!(ok && LN_OPS(fits_float)(c.var, c.rstd) &&
