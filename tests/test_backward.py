@@ -312,6 +312,53 @@ def test_omitted_mean_is_the_forwards_near_its_fallbacks(dtype, restore_settings
             assert_same_bits(u, v, f"{name} ({isa})")
 
 
+SHORT_CASES = [(F32, 1), (F32, 5), (F32, 8), (F32, 16), (F32, 27), (F32, 32),
+               (F64, 3), (F64, 8), (F64, 16), (F16, 16)]
+
+
+@pytest.mark.parametrize("dtype,d", SHORT_CASES, ids=str)
+def test_short_records_in_groups_are_the_record_paths_bits(dtype, d, restore_settings):
+    """Records of up to 32 features (16 in float64) are done 16 at a time,
+    transposed, and the records of a group whose decisions are not the
+    plain ones (near the fallbacks of the statistics, a NaN, a constant
+    record, terms on the top level or on the scalar deposit path) go
+    through the record path. Every bit is the record path's: dx, dweight
+    and dbias of the scalar level (which does every record alone), and
+    each record's dx alone (a call of one record takes the record path);
+    LayerNorm with and without the forward's mean, and RMSNorm; 2100
+    records, across a spill of the level sums."""
+    rng = np.random.default_rng(d)
+    x = (rng.standard_normal((2100, d)) * 2 + 3).astype(dtype)
+    if dtype != F16:  # float16 cannot hold records near float32's limits
+        near = _records_near_the_fallbacks(dtype, d=d)
+        x[rng.choice(len(x), len(near), replace=False)] = near
+    x[7, 0] = np.nan
+    x[40] = 2
+    dy = rng.standard_normal(x.shape).astype(dtype)
+    dy[61] *= 1e4  # terms of 2^13 and more: the group deposits three levels
+    if dtype != F16:
+        dy[90, 0] = 1e30  # a term of 2^64 or more: the scalar deposit path
+    w = rng.uniform(0.5, 2, d).astype(dtype)
+    mean = lnc.layer_norm(x, w, return_stats=True).mean
+
+    def calls(a, b):
+        return {"ln": lnc.layer_norm_backward(a, b, w),
+                "ln, mean given": lnc.layer_norm_backward(a, b, w, mean=mean[:len(b)]),
+                "rms": lnc.rms_norm_backward(a, b, w)}
+
+    lnc.set_isa("scalar")
+    ref = calls(dy, x)
+    for isa in lnc.supported_isas():
+        lnc.set_isa(isa)
+        got = calls(dy, x)
+        for op, g in got.items():
+            for name, u, v in zip(g._fields, g, ref[op]):
+                assert_same_bits(u, v, f"{name} of {op} ({isa})")
+        for i in (0, 7, 40, 61, 90, 2099):
+            one = lnc.layer_norm_backward(dy[i:i + 1], x[i:i + 1], w)
+            assert_same_bits(one.dx[0], got["ln"].dx[i], f"dx[{i}] alone ({isa})")
+
+
 # ------------------------------------------------------------ exact sums
 
 def test_exact_sum_is_the_correctly_rounded_sum():
