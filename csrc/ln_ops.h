@@ -528,21 +528,18 @@ static void LN_OPS(back_finish)(const ln_rows *r, const LN_OPS(back_prep) *p, si
 
 #if defined(LN_HAS_SHORT_ROWS)
 /* Can record k of a short group, with the group's sums s, first-pass
- * mean and shift m0, be finished by the group? Only when every decision
- * of back_record comes out plain: a valid eps, (without a given mean)
- * the first-pass mean kept, finite coefficients in the core type's range
- * and a vector deposit path; then *c holds its coefficients and *path
- * its deposit path. Any other record goes to back_record. */
+ * mean, and coefficients c (coef_of's, which returned rc), be finished
+ * by the group? Only when every decision of back_record comes out
+ * plain: a valid eps, (without a given mean) the first-pass mean kept,
+ * finite coefficients in the core type's range and a vector deposit
+ * path, then in *path. Any other record goes to back_record. */
 static int LN_OPS(back_short_plain)(const ln_rows *r, size_t k, const ln_back_sums *s,
-                                    double mean, double m0, int rms, ln_back_coef *c,
+                                    double mean, const ln_back_coef *c, int rc, int rms,
                                     int *path)
 {
-    double eps = r->eps[k];
-    if (!ln_eps_is_valid(eps))
+    if (rc != 1 || !ln_eps_is_valid(r->eps[k]))
         return 0;
     if (!rms && !r->mean && !LN_OPS(forward_var_in_range)(mean, s, r->d))
-        return 0;
-    if (LN_OPS(coef_of)(s, m0, r->d, eps, c, rms) != 1)
         return 0;
 #if defined(LN_WIDE)
     if (!LN_OPS(fits_float)(c->var, c->rstd))
@@ -578,23 +575,29 @@ LN_ALWAYS_INLINE int LN_OPS(back_short_rows_d)(const ln_rows *r, int rms, size_t
             LN_CORE(back_group_sums)(&bg, (const char *)r->x + (ptrdiff_t)k0 * r->x_row,
                                      r->x_row, (const char *)r->dy + (ptrdiff_t)k0 * r->dy_row,
                                      r->dy_row, n, d, wp, r->mean ? r->mean + k0 : NULL, rms);
-            for (size_t k = 0; k < LN_SHORT_GROUP; k++) {
-                ln_back_coef c = {0};
-                int path = LN_DEPOSIT_2;
-                if (k < n) {
-                    ln_back_sums s = {.st = bg.st[k], .stt = bg.stt[k], .g = bg.g[k],
+            /* every record's coefficients first: independent of one
+             * another, their divisions and square roots overlap */
+            ln_back_sums s[LN_SHORT_GROUP];
+            ln_back_coef c[LN_SHORT_GROUP] = {{0}};
+            int rc[LN_SHORT_GROUP] = {0};
+            for (size_t k = 0; k < n; k++) {
+                s[k] = (ln_back_sums){.st = bg.st[k], .stt = bg.stt[k], .g = bg.g[k],
                                       .gt = bg.gt[k], .max_dy = bg.max_dy[k],
                                       .max_t = bg.max_t[k]};
-                    keep[k] = LN_OPS(back_short_plain)(r, k0 + k, &s, bg.mean[k],
-                                                       (double)bg.m0[k], rms, &c, &path);
-                }
+                rc[k] = LN_OPS(coef_of)(&s[k], (double)bg.m0[k], d, r->eps[k0 + k], &c[k], rms);
+            }
+            for (size_t k = 0; k < LN_SHORT_GROUP; k++) {
+                int path = LN_DEPOSIT_2;
+                if (k < n)
+                    keep[k] = LN_OPS(back_short_plain)(r, k0 + k, &s[k], bg.mean[k], &c[k],
+                                                       rc[k], rms, &path);
                 if (keep[k] && path == LN_DEPOSIT_3)
                     levels = 3;
-                hi[k] = (LN_CT)c.mean;
-                rs[k] = (LN_CT)c.rstd;
-                off[k] = LN_CORE(offset)((LN_CT)(c.mean - (double)hi[k]), rs[k]);
-                a[k] = (LN_CT)c.a;
-                bm[k] = (LN_CT)c.bm;
+                hi[k] = (LN_CT)c[k].mean;
+                rs[k] = (LN_CT)c[k].rstd;
+                off[k] = LN_CORE(offset)((LN_CT)(c[k].mean - (double)hi[k]), rs[k]);
+                a[k] = (LN_CT)c[k].a;
+                bm[k] = (LN_CT)c[k].bm;
             }
             LN_CORE(back_group_output)(&bg, (char *)r->y + (ptrdiff_t)k0 * r->y_row, r->y_row,
                                        n, d, wp, hi, rs, off, a, bm, keep, r->dw, r->db,
