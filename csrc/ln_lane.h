@@ -945,8 +945,8 @@ LN_ALWAYS_INLINE void LN_FN(back_group_sums)(LN_FN(back_group) *bg, const char *
  * group first, then added to each feature's sums. Records without
  * keep[k] deposit zeros (counted like the others, they add exactly
  * nothing), so that the loops have constant lengths and the group's
- * sums stay in registers ((1e5, 16) float32: 30% faster than skipping
- * them). */
+ * sums stay in registers ((1e5, 16) float32: about 25% faster than
+ * skipping them). */
 LN_ALWAYS_INLINE void LN_FN(back_group_deposit)(const LN_T dyr[LN_SHORT_GROUP][2 * LN_LANES],
                                                 const LN_T xr[LN_SHORT_GROUP][LN_LANES],
                                                 size_t d, const int *keep, ln_acc *dw,
