@@ -208,6 +208,18 @@ LN_ALWAYS_INLINE void LN_FN(group_load)(LN_T rows[LN_SHORT_GROUP][2 * LN_LANES],
     }
 }
 
+/* The group's first d lanes u as doubles in t, then 0.0 up to w. */
+LN_ALWAYS_INLINE void LN_FN(group_widen)(LN_T u[LN_LANES][LN_SHORT_GROUP], size_t d, size_t w,
+                                         double t[LN_LANES][LN_SHORT_GROUP])
+{
+    for (size_t j = 0; j < d; j++)
+        for (size_t k = 0; k < LN_SHORT_GROUP; k++)
+            t[j][k] = (double)u[j][k];
+    for (size_t j = d; j < w; j++)
+        for (size_t k = 0; k < LN_SHORT_GROUP; k++)
+            t[j][k] = 0.0;
+}
+
 /* The group's block lanes of the statistics, as doubles in t: u_j, plus
  * u_(j + LN_LANES) in the second lane row (LN_T, in that order), then 0.0
  * up to w. shifted: u = x - x[0] ((T)0 + u, the block lane, is never
@@ -229,12 +241,7 @@ LN_ALWAYS_INLINE void LN_FN(group_lanes)(LN_T v[2 * LN_LANES][LN_SHORT_GROUP], s
             u[j][k] = shifted ? u[j][k] + (v[LN_LANES + j][k] - v[0][k])
                               : LN_FN(add_square)(u[j][k], LN_FN(center)(v[LN_LANES + j][k],
                                                                          hi[k], lo[k]));
-    for (size_t j = 0; j < d1; j++)
-        for (size_t k = 0; k < LN_SHORT_GROUP; k++)
-            t[j][k] = (double)u[j][k];
-    for (size_t j = d1; j < w; j++)
-        for (size_t k = 0; k < LN_SHORT_GROUP; k++)
-            t[j][k] = 0.0;
+    LN_FN(group_widen)(u, d1, w, t);
 }
 
 LN_ALWAYS_INLINE void LN_FN(group_stats_w)(LN_FN(short_group) *g, const char *x,
@@ -871,12 +878,7 @@ LN_ALWAYS_INLINE void LN_FN(group_total)(LN_T l[LN_LANES][LN_SHORT_GROUP], size_
                                          size_t w, double out[LN_SHORT_GROUP])
 {
     double t[LN_LANES][LN_SHORT_GROUP];
-    for (size_t j = 0; j < d; j++)
-        for (size_t k = 0; k < LN_SHORT_GROUP; k++)
-            t[j][k] = (double)l[j][k];
-    for (size_t j = d; j < w; j++)
-        for (size_t k = 0; k < LN_SHORT_GROUP; k++)
-            t[j][k] = 0.0;
+    LN_FN(group_widen)(l, d, w, t);
     LN_FN(group_tree)(t, w);
     for (size_t k = 0; k < LN_SHORT_GROUP; k++)
         out[k] = t[0][k];
