@@ -373,6 +373,18 @@ static int LN_OPS(forward_var_in_range)(double mean, const ln_back_sums *s, size
 #undef LN_QUICK_VAR_MIN
 #undef LN_QUICK_VAR_MAX
 
+/* Are a record's backward coefficients inside the range where the core
+ * instance computes it? Else back_record takes the double formulas
+ * (float-computed types) or the scaled record (float64). */
+static int LN_OPS(coef_in_range)(const ln_back_coef *c)
+{
+#if defined(LN_WIDE)
+    return LN_OPS(fits_float)(c->var, c->rstd);
+#else
+    return isfinite(c->mean) && c->var >= LN_F64_VAR_MIN && c->var <= DBL_MAX;
+#endif
+}
+
 /* The coefficients of LayerNorm's backward, or (rms) RMSNorm's. */
 static int LN_OPS(coef_of)(const ln_back_sums *sums, double m0, size_t d, double eps,
                            ln_back_coef *c, int rms)
@@ -458,7 +470,7 @@ static int LN_OPS(back_record)(const ln_rows *r, size_t k, double w_max, int rms
     }
     int rc = LN_OPS(coef_of)(&sums, m0, d, eps, &c, rms), ok = rc == 1;
 #if defined(LN_WIDE)
-    if (!(ok && LN_OPS(fits_float)(c.var, c.rstd) &&
+    if (!(ok && LN_OPS(coef_in_range)(&c) &&
           ln_back_fits(&sums, &c, w_max, FLT_MIN, FLT_MAX))) {
         /* Out of the float lanes' range, or float sums that overflowed (a
          * spread of 1e20 squares to inf): the same formulas in double,
@@ -475,7 +487,7 @@ static int LN_OPS(back_record)(const ln_rows *r, size_t k, double w_max, int rms
 #else
     /* Squares that left the double range (rc 0: their sum overflowed, or
      * a non-finite x, which the scaled sums tell) are done at scale. */
-    if (rc == 0 || (ok && !(isfinite(c.mean) && c.var >= LN_F64_VAR_MIN && c.var <= DBL_MAX))) {
+    if (rc == 0 || (ok && !LN_OPS(coef_in_range)(&c))) {
         int sc = LN_OPS(back_scaled)(r, x, dy, dx, m0, eps, w_max, r->dw, r->db, rms);
         if (sc != LN_UNSCALED)
             return sc;
@@ -541,13 +553,8 @@ static int LN_OPS(back_short_plain)(const ln_rows *r, size_t k, const ln_back_su
         return 0;
     if (!rms && !r->mean && !LN_OPS(forward_var_in_range)(mean, s, r->d))
         return 0;
-#if defined(LN_WIDE)
-    if (!LN_OPS(fits_float)(c->var, c->rstd))
+    if (!LN_OPS(coef_in_range)(c))
         return 0;
-#else
-    if (!(isfinite(c->mean) && c->var >= LN_F64_VAR_MIN && c->var <= DBL_MAX))
-        return 0;
-#endif
     if (!ln_back_fits(s, c, r->w_max, LN_CT_MIN, LN_CT_MAX))
         return 0;
     *path = ln_deposit_path(s, c, r->dw);
