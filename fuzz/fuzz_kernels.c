@@ -572,19 +572,6 @@ static int level_list(const ln_kernels **ks, const char **names)
 
 /* ---- job 1: record kernels directly ------------------------------------ */
 
-
-/* Word j of an exported accumulator state (LN_ACC_STATE_WORDS a
- * feature), compared with the reference run's (one thread): a feature's
- * huge sum, the plain float64 sum of its terms of 2^64 and more
- * (ln_accum.h: the one case whose bits may depend on the order), is not
- * compared for runs on several threads, which add those terms in
- * another order. Its flags, and every other word, are. */
-static int order_dependent_word(const uint64_t *ref, size_t j, int threads)
-{
-    return threads > 1 && j % LN_ACC_STATE_WORDS == 2 * LN_ACC_LEVELS + 1 &&
-           (ref[j - 1] & LN_ACC_HUGE) != 0;
-}
-
 static void fuzz_row(reader *r)
 {
     unsigned flags = take8(r);
@@ -789,6 +776,18 @@ static ptrdiff_t pick_scalar_row(reader *r, size_t isz, int output)
     case 4: return output ? -2 * (ptrdiff_t)isz - 1 : 0;
     default: return 2 * (ptrdiff_t)isz;
     }
+}
+
+/* Word j of an exported accumulator state (LN_ACC_STATE_WORDS a
+ * feature), compared with the reference run's (one thread): a feature's
+ * huge sum, the plain float64 sum of its terms of 2^64 and more
+ * (ln_accum.h: the one case whose bits may depend on the order), is not
+ * compared for runs on several threads, which add those terms in
+ * another order. Its flags, and every other word, are. */
+static int order_dependent_word(const uint64_t *ref, size_t j, int threads)
+{
+    return threads > 1 && j % LN_ACC_STATE_WORDS == 2 * LN_ACC_LEVELS + 1 &&
+           (ref[j - 1] & LN_ACC_HUGE) != 0;
 }
 
 static void fuzz_batch(reader *r)
