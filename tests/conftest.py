@@ -51,6 +51,18 @@ def restore_settings():
     lnc.set_num_threads(threads)
 
 
+@pytest.fixture
+def jax_x64():
+    """JAX with 64-bit types for the test, put back as it was afterwards:
+    jax_enable_x64 is process-wide, and a test that left it on changed the
+    dtypes every later JAX test saw. Skips without JAX."""
+    jax = pytest.importorskip("jax")
+    before = bool(jax.config.jax_enable_x64)
+    jax.config.update("jax_enable_x64", True)
+    yield jax
+    jax.config.update("jax_enable_x64", before)
+
+
 @pytest.fixture(params=lnc.supported_isas())
 def isa(request, restore_settings):
     """Run the test once per instruction-set level this CPU supports."""

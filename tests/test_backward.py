@@ -170,10 +170,9 @@ def test_matches_torch_autograd(dtype):
     np.testing.assert_allclose(g.dbias, bt.grad.numpy(), atol=tol * 100)
 
 
-def test_matches_jax_vjp():
-    jax = pytest.importorskip("jax")
+def test_matches_jax_vjp(jax_x64):
+    jax = jax_x64
     jnp = pytest.importorskip("jax.numpy")
-    jax.config.update("jax_enable_x64", True)
     rng = np.random.default_rng(4)
     x = rng.standard_normal((6, 40)) * 2 + 1
     dy = rng.standard_normal(x.shape)
