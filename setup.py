@@ -16,6 +16,11 @@ LAYERNORM_C_WERROR=1 (set by .ci/run) makes every warning an error
 (-Werror, with -Wmissing-field-initializers on): CI's builds must be
 warning-free with GCC and clang. A user's build never uses -Werror, so a
 newer compiler's new warning cannot break an install.
+
+LAYERNORM_C_OPT=-O1 (or -O0, -O2) replaces -O3, for tools/sanitize.sh:
+GCC at -O3 with ASan + UBSan takes about ten minutes for each kernel file
+(the inlined lane loops grow tenfold once instrumented); -O1, the level
+the sanitizers' documentation recommends, about one and a half.
 """
 import os
 import sys
@@ -47,7 +52,10 @@ if sys.platform == "win32":
     compile_args = ["/O2", "/fp:precise"]
     link_args = []
 else:
-    compile_args = ["-O3", "-std=c11", "-ffp-contract=off", "-fno-fast-math",
+    opt = os.environ.get("LAYERNORM_C_OPT", "") or "-O3"
+    if opt not in ("-O0", "-O1", "-O2", "-O3"):
+        sys.exit(f"setup.py: LAYERNORM_C_OPT must be -O0, -O1, -O2 or -O3, not {opt!r}")
+    compile_args = [opt, "-std=c11", "-ffp-contract=off", "-fno-fast-math",
                     "-Wall", "-Wextra", "-Wno-unused-parameter"]
     link_args = ["-pthread"]
     if os.environ.get("LAYERNORM_C_RELEASE", "") not in ("", "0"):
