@@ -124,52 +124,9 @@ static uint64_t take64(reader *r)
 
 /* ---- dtypes ------------------------------------------------------------ */
 
-static const char *const dtype_names[LN_NDTYPES] = {
-    [LN_F16] = "float16", [LN_BF16] = "bfloat16", [LN_F32] = "float32", [LN_F64] = "float64"};
-
-/* v rounded to t (once for float/double, twice for the 16-bit types:
- * fine for making inputs). */
-NO_COVERAGE static void put_value(double v, ln_dtype t, void *dst)
-{
-    float f = (float)v;
-    uint16_t h;
-    switch (t) {
-    case LN_F64:
-        memcpy(dst, &v, 8);
-        return;
-    case LN_F32:
-        memcpy(dst, &f, 4);
-        return;
-    case LN_F16:
-        h = ln_float_to_half(f);
-        break;
-    default:
-        h = ln_float_to_bf16(f);
-        break;
-    }
-    memcpy(dst, &h, 2);
-}
-
-NO_COVERAGE static double get_value(const void *src, ln_dtype t)
-{
-    uint16_t h;
-    float f;
-    double v;
-    switch (t) {
-    case LN_F64:
-        memcpy(&v, src, 8);
-        return v;
-    case LN_F32:
-        memcpy(&f, src, 4);
-        return f;
-    case LN_F16:
-        memcpy(&h, src, 2);
-        return ln_half_to_float(h);
-    default:
-        memcpy(&h, src, 2);
-        return ln_bf16_to_float(h);
-    }
-}
+/* the test programs' dtype names, put_value and get_value */
+#define LN_VALUES_ATTR NO_COVERAGE
+#include "../tools/ln_values.h"
 
 static const char *const op_names[LN_NOPS] = {
     [LN_OP_LAYER_NORM] = "layer_norm", [LN_OP_LAYER_NORM_BACKWARD] = "layer_norm_backward",

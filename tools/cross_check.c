@@ -60,50 +60,7 @@ static int64_t irange(rng *g, int64_t lo, int64_t hi)
 
 /* ---- dtypes ------------------------------------------------------------ */
 
-static const char *const dtype_names[LN_NDTYPES] = {
-    [LN_F16] = "float16", [LN_BF16] = "bfloat16", [LN_F32] = "float32", [LN_F64] = "float64"};
-
-static void put_value(double v, ln_dtype t, void *dst)
-{
-    float f = (float)v;
-    uint16_t h;
-    switch (t) {
-    case LN_F64:
-        memcpy(dst, &v, 8);
-        return;
-    case LN_F32:
-        memcpy(dst, &f, 4);
-        return;
-    case LN_F16:
-        h = ln_float_to_half(f);
-        break;
-    default:
-        h = ln_float_to_bf16(f);
-        break;
-    }
-    memcpy(dst, &h, 2);
-}
-
-static double get_value(const void *src, ln_dtype t)
-{
-    uint16_t h;
-    float f;
-    double v;
-    switch (t) {
-    case LN_F64:
-        memcpy(&v, src, 8);
-        return v;
-    case LN_F32:
-        memcpy(&f, src, 4);
-        return f;
-    case LN_F16:
-        memcpy(&h, src, 2);
-        return ln_half_to_float(h);
-    default:
-        memcpy(&h, src, 2);
-        return ln_bf16_to_float(h);
-    }
-}
+#include "ln_values.h" /* dtype_names, put_value, get_value */
 
 /* Store raw bits (the low ln_dtype_size(t) bytes of u). */
 static void put_bits(uint64_t u, ln_dtype t, void *dst)
