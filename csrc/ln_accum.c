@@ -400,18 +400,28 @@ void ln_acc_export(ln_acc *a, uint64_t *words)
     }
 }
 
-void ln_acc_import(ln_acc *a, const uint64_t *words)
+/* Word i of a state, wherever it lies (memcpy: no alignment assumed). */
+static uint64_t state_word(const unsigned char *words, size_t i)
+{
+    uint64_t w;
+    memcpy(&w, words + i * sizeof w, sizeof w);
+    return w;
+}
+
+void ln_acc_import(ln_acc *a, const void *words)
 {
     a->used = 1;
     ln_acc_spill(a);
     totals_ready(a);
     for (size_t j = 0; j < a->d; j++) {
-        const uint64_t *w = words + j * LN_ACC_STATE_WORDS;
+        const unsigned char *w = (const unsigned char *)words +
+                                 j * LN_ACC_STATE_WORDS * sizeof(uint64_t);
         for (int l = 0; l < LN_ACC_LEVELS; l++) {
-            a->total[j * LN_ACC_LEVELS + l].lo = w[2 * l];
-            a->total[j * LN_ACC_LEVELS + l].hi = (int64_t)w[2 * l + 1];
+            a->total[j * LN_ACC_LEVELS + l].lo = state_word(w, 2 * l);
+            a->total[j * LN_ACC_LEVELS + l].hi = (int64_t)state_word(w, 2 * l + 1);
         }
-        a->flags[j] = (uint8_t)w[2 * LN_ACC_LEVELS];
-        memcpy(&a->huge[j], &w[2 * LN_ACC_LEVELS + 1], sizeof(double));
+        a->flags[j] = (uint8_t)state_word(w, 2 * LN_ACC_LEVELS);
+        uint64_t huge = state_word(w, 2 * LN_ACC_LEVELS + 1);
+        memcpy(&a->huge[j], &huge, sizeof(double));
     }
 }

@@ -140,10 +140,12 @@ void ln_acc_merge(ln_acc *dst, ln_acc *src);
 void ln_acc_value(ln_acc *a, double *out, int bits);
 
 /* The state as LN_ACC_STATE_WORDS 64-bit words per feature (after a
- * spill), and back: what the Python layer keeps and merges. */
+ * spill), and back: what the Python layer keeps and merges. The words
+ * read back may lie at any address (a state unpickled into a buffer at
+ * an odd offset, as dask's workers do). */
 #define LN_ACC_STATE_WORDS (2 * LN_ACC_LEVELS + 2)
 void ln_acc_export(ln_acc *a, uint64_t *words);
-void ln_acc_import(ln_acc *a, const uint64_t *words);
+void ln_acc_import(ln_acc *a, const void *words);
 
 /* bits(v) as an integer, for the vector deposit loops. */
 static inline uint64_t ln_acc_bits(double v)
