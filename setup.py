@@ -19,7 +19,7 @@ newer compiler's new warning cannot break an install.
 
 LAYERNORM_C_OPT=-O1 (or -O0, -O2) replaces -O3, for tools/sanitize.sh:
 GCC at -O3 with ASan + UBSan takes about ten minutes for each kernel file
-(the inlined lane loops grow tenfold once instrumented); -O1, the level
+(with -g, an object of 1 MB grows to 80 once instrumented); -O1, the level
 the sanitizers' documentation recommends, about one and a half.
 """
 import os
