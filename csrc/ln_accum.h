@@ -139,12 +139,13 @@ void ln_acc_merge(ln_acc *dst, ln_acc *src);
  * 53 for double results, 24 for float ones (then exact as a float). */
 void ln_acc_value(ln_acc *a, double *out, int bits);
 
-/* The state as LN_ACC_STATE_WORDS 64-bit words per feature (after a
- * spill), and back: what the Python layer keeps and merges. The words
+/* The state as LN_ACC_STATE_WORDS 64-bit words per feature (the levels'
+ * exact totals, as a spill would leave them; a is not changed), and back:
+ * what the Python layer keeps and merges. The words
  * read back may lie at any address (a state unpickled into a buffer at
  * an odd offset, as dask's workers do). */
 #define LN_ACC_STATE_WORDS (2 * LN_ACC_LEVELS + 2)
-void ln_acc_export(ln_acc *a, uint64_t *words);
+void ln_acc_export(const ln_acc *a, uint64_t *words);
 void ln_acc_import(ln_acc *a, const void *words);
 
 /* bits(v) as an integer, for the vector deposit loops. */

@@ -262,6 +262,24 @@ def test_chunks_merge_exactly():
     assert_same_bits(sb.value(np.float64), whole.dbias, "dbias")
 
 
+@pytest.mark.parametrize("d", [8, 40, 700])
+def test_states_are_the_same_words_however_the_records_are_split(d):
+    """The exported state (each level's exact total) does not depend on
+    whether the sums were spilled: a call of more records than a spill
+    takes (2048) and merged states of parts of it give the same words."""
+    x, dy, w = _batch(np.float32, n=2100, d=d)
+    from layernorm_c._backward import _backward_parts
+    _, whole_w, whole_b, _ = _backward_parts(dy, x, w, 1e-5, -1, None, None)
+    for cuts in ([1, 2048], [5, 2053], [1000, 1001, 2099]):
+        sw = sb = None
+        for lo, hi in zip([0] + cuts, cuts + [len(x)]):
+            _, a, b, _ = _backward_parts(dy[lo:hi], x[lo:hi], w, 1e-5, -1, None, None)
+            sw = a if sw is None else sw + a
+            sb = b if sb is None else sb + b
+        assert sw.state.tobytes() == whole_w.state.tobytes(), cuts
+        assert sb.state.tobytes() == whole_b.state.tobytes(), cuts
+
+
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
 def test_given_mean_gives_the_same_bits(dtype):
     x, dy, w = _batch(dtype, n=40, d=300)
