@@ -274,11 +274,12 @@ static int double_value(int64_t t1, int64_t t2, int bits, double *out)
         return 1;
     }
     double bb = sum - a, err = (a - (sum - bb)) + (b - bb);
+    /* Toward the exact value, to odd, when A + B was inexact and even:
+     * without a branch, as that is true for about half of the sums. */
     uint64_t u = ln_acc_bits(sum);
-    if (err != 0.0 && !(u & 1u)) {
-        u += (sum > 0) == (err > 0) ? 1 : (uint64_t)-1; /* toward the exact value: odd */
-        memcpy(&sum, &u, sizeof sum);
-    }
+    int64_t step = (sum > 0) == (err > 0) ? 1 : -1;
+    u += (uint64_t)(step * (int64_t)((err != 0.0) & !(u & 1u)));
+    memcpy(&sum, &u, sizeof sum);
     *out = (double)(float)(sum * scale);
     return 1;
 }
@@ -364,6 +365,20 @@ static double exact_value(const ln_acc *a, size_t j, const uint64_t base[LN_ACC_
     return negative ? -v : v;
 }
 
+/* Feature j of an accumulator never spilled whose top level holds
+ * nothing: the lower levels' totals are the level sums less their bases,
+ * in 64 bits, and double_value rounds them (small_value's case, without
+ * its 128-bit totals: a call of a few records, (1, 768) float32, spent
+ * 5 us of its 13 rounding its 1536 sums). 0 in any other case. */
+static int unspilled_value(const ln_acc *a, size_t j, const uint64_t base[LN_ACC_LEVELS],
+                           int bits, double *out)
+{
+    if (a->spilled || a->sum[0][j] != base[0])
+        return 0;
+    return double_value((int64_t)(a->sum[1][j] - base[1]), (int64_t)(a->sum[2][j] - base[2]),
+                        bits, out);
+}
+
 void ln_acc_value(ln_acc *a, double *out, int bits)
 {
     /* Read without a spill: a call of a few records writes no totals. */
@@ -372,6 +387,8 @@ void ln_acc_value(ln_acc *a, double *out, int bits)
         base[l] = a->count[l] * ln_acc_bits(magic[l]); /* mod 2^64 */
     for (size_t j = 0; j < a->d; j++) {
         unsigned f = a->flags[j];
+        if (f == 0 && !a->plain && unspilled_value(a, j, base, bits, &out[j]))
+            continue;
         if ((f & LN_ACC_NAN) || ((f & LN_ACC_PINF) && (f & LN_ACC_NINF)))
             out[j] = NAN;
         else if (f & LN_ACC_PINF)

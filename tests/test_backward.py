@@ -280,6 +280,23 @@ def test_states_are_the_same_words_however_the_records_are_split(d):
         assert sb.state.tobytes() == whole_b.state.tobytes(), cuts
 
 
+@pytest.mark.parametrize("scale", [1.0, 3e4])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=str)
+def test_sums_round_the_same_read_directly_or_from_their_state(dtype, scale):
+    """A call of a few records rounds its sums straight from the level sums
+    (never spilled); the same sums read back from their exported state go
+    through the 128-bit totals. Both give the same bits, with terms on two
+    levels and (scale 3e4: |dy * xhat| above 2^13) on three."""
+    from layernorm_c._backward import _backward_parts
+    for n in (1, 3, 40):
+        x, dy, w = _batch(dtype, n=n, d=300)
+        dy = (dy * dtype(scale)).astype(dtype)
+        g = lnc.layer_norm_backward(dy, x, w)
+        _, sw, sb, _ = _backward_parts(dy, x, w, 1e-5, -1, None, None)
+        assert_same_bits(g.dweight, sw.value(g.dweight.dtype), f"dweight, {n} records")
+        assert_same_bits(g.dbias, sb.value(g.dbias.dtype), f"dbias, {n} records")
+
+
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
 def test_given_mean_gives_the_same_bits(dtype):
     x, dy, w = _batch(dtype, n=40, d=300)
