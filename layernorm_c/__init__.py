@@ -43,9 +43,9 @@ from ._settings import (
 
 __version__ = "0.1.0"
 
-# bfloat16 (ml_dtypes.bfloat16) when ml_dtypes is installed: the core's
-# loops for its type number. Without ml_dtypes this does nothing.
-_bf16.register()
+# bfloat16 (ml_dtypes.bfloat16): the core's loops for its type number,
+# registered once ml_dtypes is imported (now, or whenever it is).
+_bf16.install()
 
 # threadpoolctl sees the kernel threads (now, or once it is imported).
 from . import _threadpool  # noqa: E402

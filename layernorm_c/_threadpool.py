@@ -17,10 +17,9 @@ gets imported later (a one-shot import hook), or by
 from __future__ import annotations
 
 import importlib
-import importlib.abc
-import sys
 from types import ModuleType
-from typing import Any, Optional, Sequence
+
+from . import _on_import
 
 __all__ = ["register_threadpoolctl"]
 
@@ -80,51 +79,6 @@ def register_threadpoolctl() -> bool:
     return True
 
 
-class _RegisterOnImport(importlib.abc.MetaPathFinder):
-    """Registers the controller once threadpoolctl has been imported."""
-
-    def find_spec(self, fullname: str, path: Optional[Sequence[str]],
-                  target: Optional[ModuleType] = None) -> Any:
-        if fullname != "threadpoolctl":
-            return None
-        _remove_hook()
-        spec = None
-        for finder in list(sys.meta_path):  # the finders that would have found it
-            find = getattr(finder, "find_spec", None)
-            spec = find(fullname, path, target) if find is not None else None
-            if spec is not None:
-                break
-        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            return spec
-        loader = spec.loader
-        exec_module = loader.exec_module
-
-        def exec_and_register(module: ModuleType) -> None:
-            exec_module(module)
-            register_threadpoolctl()
-
-        loader.exec_module = exec_and_register
-        return spec
-
-
-_hook: Optional[_RegisterOnImport] = None
-
-
-def _remove_hook() -> None:
-    global _hook
-    if _hook is not None:
-        try:
-            sys.meta_path.remove(_hook)
-        except ValueError:
-            pass
-        _hook = None
-
-
 def _install() -> None:
     """At import of layernorm_c: register now, or when threadpoolctl comes."""
-    global _hook
-    if "threadpoolctl" in sys.modules:
-        register_threadpoolctl()
-    elif _hook is None:
-        _hook = _RegisterOnImport()
-        sys.meta_path.insert(0, _hook)
+    _on_import.when_imported("threadpoolctl", register_threadpoolctl)

@@ -1,4 +1,5 @@
-"""bfloat16 through ml_dtypes: the loops registered at import, computed in
+"""bfloat16 through ml_dtypes: the loops registered once ml_dtypes is
+imported (before or after layernorm_c), computed in
 float32 with float64 totals and rounded once (to nearest even), never
 overflowing, reproducible; mixed with float32 parameters; the backward
 passes, RMSNorm and the layers; and nothing changes without ml_dtypes."""
@@ -233,6 +234,31 @@ def test_inputs_are_not_modified():
     lnc.rms_norm_backward(dy, x, w)
     for a, c in zip((x, dy, w, b), copies):
         assert_same_bits(a, c)
+
+
+@pytest.mark.parametrize("first", ["layernorm_c", "ml_dtypes"])
+def test_the_loops_come_with_ml_dtypes_imported_before_or_after(first):
+    """import layernorm_c does not import ml_dtypes (1.2 s here); the
+    gufuncs take bfloat16 as soon as ml_dtypes is imported, in either
+    order, and registering twice does nothing."""
+    second = "ml_dtypes" if first == "layernorm_c" else "layernorm_c"
+    code = (
+        f"import sys, numpy as np\n"
+        f"import {first}\n"
+        f"print('ml_dtypes' in sys.modules)\n"
+        f"import {second}\n"
+        "import layernorm_c as lnc, ml_dtypes\n"
+        "from layernorm_c import _bf16\n"
+        "x = np.array([[1, 2, 3, 4]], np.float32).astype(ml_dtypes.bfloat16)\n"
+        "y = lnc.layer_norm_ufunc(x, np.ones(4, x.dtype), np.zeros(4, x.dtype), 0.0)\n"
+        "assert _bf16.register() == x.dtype\n"
+        "print(y.dtype, y.astype(np.float32)[0].tolist())\n"
+    )
+    proc = run_python(["-c", code])
+    assert proc.returncode == 0, proc.stderr
+    imported, result = proc.stdout.strip().splitlines()
+    assert imported == str(first == "ml_dtypes")
+    assert result == "bfloat16 [-1.34375, -0.447265625, 0.447265625, 1.34375]"
 
 
 def test_without_ml_dtypes_nothing_changes():

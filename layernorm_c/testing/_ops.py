@@ -109,10 +109,11 @@ def rms_norm_op(convention: str = "weight") -> Op:
 
 
 def bfloat16() -> Optional[np.dtype[Any]]:
-    """ml_dtypes' bfloat16 as layernorm_c registered it, or None."""
+    """ml_dtypes' bfloat16 as layernorm_c registered it (importing
+    ml_dtypes when installed: the harness tests bfloat16 too), or None."""
     from .. import _bf16
 
-    return _bf16.BFLOAT16
+    return _bf16.register()
 
 
 def audit_dtype(dtype: npt.DTypeLike) -> np.dtype[Any]:
