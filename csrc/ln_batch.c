@@ -35,6 +35,14 @@
 
 /* Records per kernel call when rows are used in place. */
 #define LN_CALL_ROWS 64
+/* Records of a Fortran-ordered call are staged LN_TILE_ROWS at a time
+ * (run_tile): item j of the tile's records is then one run of memory,
+ * where record by record every item was another line (and, a column
+ * apart, often another page): (4096, 768) float32, one thread, was 11x a
+ * C-ordered call. Tiles of at most LN_TILE_MAX_BYTES an operand. */
+#define LN_TILE_ROWS 16
+#define LN_TILE_MAX_BYTES (512 * 1024)
+_Static_assert(LN_TILE_ROWS <= LN_CALL_ROWS, "a tile is one kernel call");
 
 size_t ln_thread_threshold(void) { return 2 * LN_THREAD_MIN_BYTES; }
 
@@ -112,6 +120,7 @@ typedef struct {
     ln_kernel kernel;
     ln_dtype ctype;    /* compute dtype of the parameters */
     int in_place;      /* every x (dy) and y row usable in place */
+    int tiled;         /* records staged LN_TILE_ROWS at a time (run_tile) */
     int stream;
 } ln_batch_ctx;
 
@@ -143,7 +152,7 @@ static int worker_scratch(ln_worker *wk, const ln_batch_ctx *c)
     int stage_w = (job->w.ptr && !(job->w.row == 0 && ln_rows_are_direct(&job->w, c->ctype))) ||
                   (!job->w.ptr && c->info->needs_weight);
     int stage_b = job->b.ptr && !(job->b.row == 0 && ln_rows_are_direct(&job->b, c->ctype));
-    size_t row = round64(job->d * 8);
+    size_t row = round64(job->d * 8) * (c->tiled ? LN_TILE_ROWS : 1);
     size_t n_rows = (size_t)stage_rows * (2 + (size_t)c->info->reads_dy) + (size_t)stage_w +
                     (size_t)stage_b;
     if (n_rows == 0)
@@ -296,8 +305,11 @@ static ln_rows rows_of(const ln_batch_ctx *c, ln_worker *wk, size_t n, ln_stats 
     return rows;
 }
 
-/* Records [r, r + n) in place: x (dy) and y rows direct, parameters fixed. */
-static int run_in_place(const ln_batch_ctx *c, ln_worker *wk, size_t r, size_t n)
+/* Records [r, r + n) from rows x and dy to rows y (x_row, dy_row and
+ * y_row bytes apart; direct), the parameters fixed. */
+static int run_rows(const ln_batch_ctx *c, ln_worker *wk, size_t r, size_t n, const char *x,
+                    ptrdiff_t x_row, const char *dy, ptrdiff_t dy_row, char *y,
+                    ptrdiff_t y_row, int stream)
 {
     const ln_job *job = c->job;
     ln_stats st[LN_CALL_ROWS];
@@ -308,17 +320,43 @@ static int run_in_place(const ln_batch_ctx *c, ln_worker *wk, size_t r, size_t n
             mean[k] = ln_read_scalar(&job->mean, r + k);
     }
     ln_rows rows = rows_of(c, wk, n, st, eps, mean);
-    rows.x = job->x.ptr + (ptrdiff_t)r * job->x.row;
-    rows.x_row = job->x.row;
-    rows.y = job->y.ptr + (ptrdiff_t)r * job->y.row;
-    rows.y_row = job->y.row;
+    rows.x = x;
+    rows.x_row = x_row;
+    rows.y = y;
+    rows.y_row = y_row;
+    rows.stream = stream;
     if (c->info->reads_dy) {
-        rows.dy = job->dy.ptr + (ptrdiff_t)r * job->dy.row;
-        rows.dy_row = job->dy.row;
+        rows.dy = dy;
+        rows.dy_row = dy_row;
     }
     int status = c->kernel(&rows);
     for (size_t k = 0; k < n; k++)
         store_stats(c, r + k, &st[k]);
+    return status;
+}
+
+/* Records [r, r + n) in place: x (dy) and y rows direct, parameters fixed. */
+static int run_in_place(const ln_batch_ctx *c, ln_worker *wk, size_t r, size_t n)
+{
+    const ln_job *job = c->job;
+    const char *dy = c->info->reads_dy ? job->dy.ptr + (ptrdiff_t)r * job->dy.row : NULL;
+    return run_rows(c, wk, r, n, job->x.ptr + (ptrdiff_t)r * job->x.row, job->x.row, dy,
+                    job->dy.row, job->y.ptr + (ptrdiff_t)r * job->y.row, job->y.row,
+                    c->stream);
+}
+
+/* Records [r, r + n) (n <= LN_TILE_ROWS) of a tiled call: staged into
+ * the scratch tiles, run there, the outputs staged back. */
+static int run_tile(const ln_batch_ctx *c, ln_worker *wk, size_t r, size_t n)
+{
+    const ln_job *job = c->job;
+    size_t d = job->d;
+    ptrdiff_t row = (ptrdiff_t)(d * ln_dtype_size(job->dtype));
+    ln_stage_tile_in(&job->x, r, n, d, wk->x);
+    if (c->info->reads_dy)
+        ln_stage_tile_in(&job->dy, r, n, d, wk->dy);
+    int status = run_rows(c, wk, r, n, wk->x, row, wk->dy, row, wk->y, row, 0);
+    ln_stage_tile_out(wk->y, &job->y, r, n, d);
     return status;
 }
 
@@ -364,6 +402,11 @@ static int worker_run(void *vctx, void *state, size_t begin, size_t end)
             size_t n = end - r < LN_CALL_ROWS ? end - r : LN_CALL_ROWS;
             status = worse(status, run_in_place(c, wk, r, n));
         }
+    } else if (c->tiled) {
+        for (size_t r = begin; r < end; r += LN_TILE_ROWS) {
+            size_t n = end - r < LN_TILE_ROWS ? end - r : LN_TILE_ROWS;
+            status = worse(status, run_tile(c, wk, r, n));
+        }
     } else {
         for (size_t r = begin; r < end; r++)
             status = worse(status, run_staged(c, wk, r));
@@ -384,6 +427,26 @@ static size_t plan_threads(const ln_job *job, int n_threads)
     if (n > bytes / LN_THREAD_MIN_BYTES)
         n = bytes / LN_THREAD_MIN_BYTES;
     return n < 1 ? 1 : n;
+}
+
+/* An operand whose records lie closer together than its items (a
+ * Fortran-ordered array), in the call's dtype: worth staging a tile at a
+ * time. */
+static int tile_operand(const ln_operand *op, ln_dtype t)
+{
+    ptrdiff_t row = op->row < 0 ? -op->row : op->row, col = op->col < 0 ? -op->col : op->col;
+    return op->dtype == t && row < col;
+}
+
+/* Can the call stage its records a tile at a time? x like that, dy and y
+ * of the call's dtype (any layout: a tile moves them as well as record by
+ * record does), fixed parameters, and tiles of at most LN_TILE_MAX_BYTES. */
+static int tileable(const ln_job *job, const ln_op_info *info)
+{
+    int params_fixed = (!job->w.ptr || job->w.row == 0) && (!job->b.ptr || job->b.row == 0);
+    return params_fixed && job->d <= LN_TILE_MAX_BYTES / (LN_TILE_ROWS * 8) &&
+           tile_operand(&job->x, job->dtype) && job->y.dtype == job->dtype &&
+           (!info->reads_dy || job->dy.dtype == job->dtype);
 }
 
 int ln_batch_run(const ln_kernels *k, const ln_job *job, int n_threads)
@@ -412,6 +475,7 @@ int ln_batch_run(const ln_kernels *k, const ln_job *job, int n_threads)
                     (!info->reads_dy || ln_rows_are_direct(&job->dy, job->dtype)),
         .stream = !job->y_new && job->n_rows * row_bytes >= LN_STREAM_MIN_BYTES,
     };
+    c.tiled = !c.in_place && tileable(job, info);
     ln_task task = {
         .ctx = &c,
         .begin = worker_begin,

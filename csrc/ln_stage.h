@@ -27,6 +27,13 @@ const void *ln_stage_in(const ln_kernels *k, const ln_operand *op, size_t r, siz
 /* Write d values of op's dtype from buf to row r of op. */
 void ln_stage_out(const void *buf, const ln_operand *op, size_t r, size_t d);
 
+/* Records [r, r + n) of op, in its own dtype, into n contiguous rows of d
+ * items at buf, and back: item j of all n records at a time, one run of
+ * memory when the records lie next to each other (a Fortran-ordered
+ * array), so that every line is moved once per tile of records. */
+void ln_stage_tile_in(const ln_operand *op, size_t r, size_t n, size_t d, void *buf);
+void ln_stage_tile_out(const void *buf, const ln_operand *op, size_t r, size_t n, size_t d);
+
 /* Element (r, 0) of a per-record operand as a double (eps, statistics in). */
 double ln_read_scalar(const ln_operand *op, size_t r);
 /* Store v to element (r, 0) of a per-record operand, rounded to its dtype. */

@@ -232,3 +232,32 @@ def test_results_do_not_depend_on_earlier_calls():
         lnc.layer_norm(random_records(rng, dtype, 9, 130), return_stats=True)
     assert_same_result(lnc.layer_norm(x, return_stats=True), first)
     assert_same_bits(lnc.layer_norm(x), first.y)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+@pytest.mark.parametrize("n", [1, 15, 16, 17, 50])
+def test_fortran_order_tiles_give_the_bits_of_c_order(dtype, n):
+    """Fortran-ordered records are staged a tile of 16 at a time: every
+    tile size (a partial last one too), the statistics, eps per record,
+    in place (out=x), the backward and RMSNorm give C order's bits."""
+    rng = np.random.default_rng(n)
+    d = 40
+    x = (3 + rng.standard_normal((n, d))).astype(dtype)
+    dy = rng.standard_normal((n, d)).astype(dtype)
+    w = rng.uniform(0.5, 2, d).astype(dtype)
+    b = rng.standard_normal(d).astype(dtype)
+    eps = rng.uniform(0, 1e-3, (n, 1))
+    xf, dyf = np.asfortranarray(x), np.asfortranarray(dy)
+    want = lnc.layer_norm(x, w, b, return_stats=True)
+    got = lnc.layer_norm(xf, w, b, return_stats=True)
+    for name, u, v in zip(want._fields, got, want):
+        assert_same_bits(np.ascontiguousarray(u), v, name)
+    per_record = lnc.layer_norm_ufunc(x, w, b, eps[:, 0])
+    assert_same_bits(lnc.layer_norm_ufunc(xf, w, b, eps[:, 0]), per_record, "eps per record")
+    inplace = xf.copy(order="F")
+    lnc.layer_norm(inplace, w, b, out=inplace)
+    assert_same_bits(np.ascontiguousarray(inplace), want.y, "out=x")
+    assert_same_bits(lnc.rms_norm(xf, w), lnc.rms_norm(x, w), "rms_norm")
+    g, gf = lnc.layer_norm_backward(dy, x, w), lnc.layer_norm_backward(dyf, xf, w)
+    for name, u, v in zip(g._fields, gf, g):
+        assert_same_bits(np.ascontiguousarray(u), v, f"backward {name}")
