@@ -236,6 +236,13 @@ def test_inputs_are_not_modified():
         assert_same_bits(a, c)
 
 
+def _child_output(code):
+    """What a fresh interpreter running code prints (it must succeed)."""
+    proc = run_python(["-c", code])
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip()
+
+
 @pytest.mark.parametrize("first", ["layernorm_c", "ml_dtypes"])
 def test_the_loops_come_with_ml_dtypes_imported_before_or_after(first):
     """import layernorm_c does not import ml_dtypes (1.2 s here); the
@@ -254,9 +261,7 @@ def test_the_loops_come_with_ml_dtypes_imported_before_or_after(first):
         "assert _bf16.register() == x.dtype\n"
         "print(y.dtype, y.astype(np.float32)[0].tolist())\n"
     )
-    proc = run_python(["-c", code])
-    assert proc.returncode == 0, proc.stderr
-    imported, result = proc.stdout.strip().splitlines()
+    imported, result = _child_output(code).splitlines()
     assert imported == str(first == "ml_dtypes")
     assert result == "bfloat16 [-1.34375, -0.447265625, 0.447265625, 1.34375]"
 
@@ -272,6 +277,4 @@ def test_without_ml_dtypes_nothing_changes():
         "assert len(lnc.layer_norm_ufunc.types) == 3, lnc.layer_norm_ufunc.types\n"
         "print(lnc.layer_norm(np.array([1.0, 2.0, 3.0, 4.0]), eps=0.0)[0])\n"
     )
-    proc = run_python(["-c", code])
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == "-1.3416407864998738"
+    assert _child_output(code) == "-1.3416407864998738"
