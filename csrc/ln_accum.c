@@ -75,18 +75,27 @@ static void totals_ready(ln_acc *a)
     a->spilled = 1;
 }
 
+/* What each level's sum holds beyond its integers since the last spill:
+ * count * bits(C), mod 2^64. */
+static void level_bases(const ln_acc *a, uint64_t base[LN_ACC_LEVELS])
+{
+    for (int l = 0; l < LN_ACC_LEVELS; l++)
+        base[l] = a->count[l] * ln_acc_bits(magic[l]);
+}
+
 void ln_acc_spill(ln_acc *a)
 {
     if (a->count[0] == 0 && a->count[1] == 0 && a->count[2] == 0)
         return;
     totals_ready(a);
+    uint64_t base[LN_ACC_LEVELS];
+    level_bases(a, base);
     for (int l = 0; l < LN_ACC_LEVELS; l++) {
         if (a->count[l] == 0)
             continue;
-        uint64_t base = a->count[l] * ln_acc_bits(magic[l]); /* mod 2^64 */
         for (size_t j = 0; j < a->d; j++) {
             /* The level's integer sum, exact in 63 bits by LN_ACC_SPILL. */
-            add_i128(&a->total[j * LN_ACC_LEVELS + l], (int64_t)(a->sum[l][j] - base));
+            add_i128(&a->total[j * LN_ACC_LEVELS + l], (int64_t)(a->sum[l][j] - base[l]));
             a->sum[l][j] = 0;
         }
         a->count[l] = 0;
@@ -383,8 +392,7 @@ void ln_acc_value(ln_acc *a, double *out, int bits)
 {
     /* Read without a spill: a call of a few records writes no totals. */
     uint64_t base[LN_ACC_LEVELS];
-    for (int l = 0; l < LN_ACC_LEVELS; l++)
-        base[l] = a->count[l] * ln_acc_bits(magic[l]); /* mod 2^64 */
+    level_bases(a, base);
     for (size_t j = 0; j < a->d; j++) {
         unsigned f = a->flags[j];
         if (f == 0 && !a->plain && unspilled_value(a, j, base, bits, &out[j]))
@@ -409,8 +417,7 @@ void ln_acc_value(ln_acc *a, double *out, int bits)
 void ln_acc_export(const ln_acc *a, uint64_t *words)
 {
     uint64_t base[LN_ACC_LEVELS];
-    for (int l = 0; l < LN_ACC_LEVELS; l++)
-        base[l] = a->count[l] * ln_acc_bits(magic[l]); /* mod 2^64 */
+    level_bases(a, base);
     for (size_t j = 0; j < a->d; j++) {
         uint64_t *w = words + j * LN_ACC_STATE_WORDS;
         ln_i128 t[LN_ACC_LEVELS];

@@ -390,14 +390,20 @@ static int run_staged(const ln_batch_ctx *c, ln_worker *wk, size_t r)
     return status;
 }
 
+/* Gain and bias the same for every record (or absent): staged once per
+ * worker. */
+static int params_fixed(const ln_job *job)
+{
+    return (!job->w.ptr || job->w.row == 0) && (!job->b.ptr || job->b.row == 0);
+}
+
 static int worker_run(void *vctx, void *state, size_t begin, size_t end)
 {
     const ln_batch_ctx *c = vctx;
     ln_worker *wk = state;
     const ln_job *job = c->job;
-    int params_fixed = (!job->w.ptr || job->w.row == 0) && (!job->b.ptr || job->b.row == 0);
     int status = LN_OK;
-    if (c->in_place && params_fixed) {
+    if (c->in_place && params_fixed(job)) {
         for (size_t r = begin; r < end; r += LN_CALL_ROWS) {
             size_t n = end - r < LN_CALL_ROWS ? end - r : LN_CALL_ROWS;
             status = worse(status, run_in_place(c, wk, r, n));
@@ -443,8 +449,7 @@ static int tile_operand(const ln_operand *op, ln_dtype t)
  * record does), fixed parameters, and tiles of at most LN_TILE_MAX_BYTES. */
 static int tileable(const ln_job *job, const ln_op_info *info)
 {
-    int params_fixed = (!job->w.ptr || job->w.row == 0) && (!job->b.ptr || job->b.row == 0);
-    return params_fixed && job->d <= LN_TILE_MAX_BYTES / (LN_TILE_ROWS * 8) &&
+    return params_fixed(job) && job->d <= LN_TILE_MAX_BYTES / (LN_TILE_ROWS * 8) &&
            tile_operand(&job->x, job->dtype) && job->y.dtype == job->dtype &&
            (!info->reads_dy || job->dy.dtype == job->dtype);
 }
