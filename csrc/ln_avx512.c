@@ -15,6 +15,9 @@
 #endif
 
 #define LN_VEC_BYTES 64
+/* back_sums takes all 32 float lanes at once: two registers of each of
+ * its six arrays fit in the 32 (ln_lane.h). */
+#define LN_PART_BYTES 128
 #include "ln_x86.h"
 
 #define LN_PRIMS "ln_lane.h"

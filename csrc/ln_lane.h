@@ -658,47 +658,97 @@ LN_ALWAYS_INLINE LN_T LN_FN(lane_max)(LN_T m[LN_LANES], size_t w)
     return m[0];
 }
 
+/*
+ * back_sums keeps six lane arrays (four sums and two maxima) live at once:
+ * 6 x 32 floats are 24 AVX2 registers of 16 (or 48 of NEON's 32), and GCC
+ * spilled them to the stack in the inner loop, and zeroed them there with
+ * rep stos for every block. So the record's lanes are taken LN_PART at a
+ * time, each part over the whole record (64 bytes of each array: two AVX2
+ * or four NEON registers; a level may set LN_PART_BYTES, and AVX-512 takes
+ * all 32 float lanes in two registers). Each lane still sees the same
+ * additions in the same order: the same bits. Levels that convert whole rows (LN_LOAD_ROW: float16, bfloat16)
+ * take all lanes at once, on the row they convert.
+ */
+#undef LN_PART
+#if !defined(LN_PART_BYTES)
+#define LN_PART_BYTES 64
+#endif
+#if defined(LN_LOAD_ROW)
+#define LN_PART ((size_t)LN_LANES)
+#else
+#define LN_PART (LN_PART_BYTES / sizeof(LN_T) < LN_LANES ? LN_PART_BYTES / sizeof(LN_T) \
+                                                          : (size_t)LN_LANES)
+#endif
+_Static_assert(LN_LANES % LN_PART == 0, "a whole number of parts make the lanes");
+
+/* One element of back_sums (x value xv, dy value dyv, gain index i) into
+ * lane j of a part's block lanes l0..l3 and maxima. */
+LN_ALWAYS_INLINE void LN_FN(back_sums_step)(LN_T l0[LN_PART], LN_T l1[LN_PART],
+                                            LN_T l2[LN_PART], LN_T l3[LN_PART],
+                                            LN_T mdy[LN_PART], LN_T mt[LN_PART], size_t j,
+                                            LN_T xv, LN_T dyv, const LN_P *restrict w,
+                                            size_t i, LN_T m0)
+{
+    LN_T t = xv - m0;
+    LN_T g = LN_FN(gain_grad)(dyv, w, i);
+    l0[j] += t;
+    l1[j] = LN_FN(add_square)(l1[j], t);
+    l2[j] += g;
+    l3[j] = LN_FN(add_product)(l3[j], g, t);
+    LN_T ad = (LN_T)fabs((double)dyv), at = (LN_T)fabs((double)t);
+    mdy[j] = ad > mdy[j] ? ad : mdy[j];
+    mt[j] = at > mt[j] ? at : mt[j];
+}
+
+/* Lanes [j0, j0 + LN_PART) of back_sums over the whole record, block by
+ * block: their totals into tot, their maxima into mdy_all and mt_all. */
+LN_ALWAYS_INLINE void LN_FN(back_sums_part)(const LN_S *x, const LN_S *dy,
+                                            const LN_P *restrict w, size_t d, size_t j0,
+                                            LN_T m0, double tot[4][LN_LANES],
+                                            LN_T mdy_all[LN_LANES], LN_T mt_all[LN_LANES])
+{
+    double t0[LN_PART] = {0}, t1[LN_PART] = {0}, t2[LN_PART] = {0}, t3[LN_PART] = {0};
+    LN_T mdy[LN_PART] = {0}, mt[LN_PART] = {0};
+    for (size_t i = 0; i < d;) {
+        size_t end = d - i > LN_BLOCK ? i + LN_BLOCK : d;
+        LN_T l0[LN_PART] = {0}, l1[LN_PART] = {0}, l2[LN_PART] = {0}, l3[LN_PART] = {0};
+        for (; i + LN_LANES <= end; i += LN_LANES) {
+            LN_ROW_DECL(xr_, x + i);
+            LN_ROW_DECL(dr_, dy + i);
+            for (size_t j = 0; j < LN_PART; j++)
+                LN_FN(back_sums_step)(l0, l1, l2, l3, mdy, mt, j,
+                                      LN_ROW_GET(xr_, x + i, j0 + j),
+                                      LN_ROW_GET(dr_, dy + i, j0 + j), w, i + j0 + j, m0);
+        }
+        for (size_t j = 0; j < LN_PART && i + j0 + j < end; j++)
+            LN_FN(back_sums_step)(l0, l1, l2, l3, mdy, mt, j, LN_LOAD(x + i + j0 + j),
+                                  LN_LOAD(dy + i + j0 + j), w, i + j0 + j, m0);
+        i = end;
+        for (size_t j = 0; j < LN_PART; j++) {
+            t0[j] += (double)l0[j];
+            t1[j] += (double)l1[j];
+            t2[j] += (double)l2[j];
+            t3[j] += (double)l3[j];
+        }
+    }
+    for (size_t j = 0; j < LN_PART; j++) {
+        tot[0][j0 + j] = t0[j];
+        tot[1][j0 + j] = t1[j];
+        tot[2][j0 + j] = t2[j];
+        tot[3][j0 + j] = t3[j];
+        mdy_all[j0 + j] = mdy[j];
+        mt_all[j0 + j] = mt[j];
+    }
+}
+
 /* The four sums of ln_back_sums in lane form (the order of ln_ref.h). */
 static void LN_FN(back_sums)(const LN_S *x, const LN_S *dy, const LN_P *restrict w,
                              size_t d, LN_T m0, ln_back_sums *s)
 {
-    double tot[4][LN_LANES] = {{0}};
-    LN_T mdy[LN_LANES] = {0}, mt[LN_LANES] = {0};
-    for (size_t i = 0; i < d;) {
-        size_t end = d - i > LN_BLOCK ? i + LN_BLOCK : d;
-        LN_T l0[LN_LANES] = {0}, l1[LN_LANES] = {0}, l2[LN_LANES] = {0}, l3[LN_LANES] = {0};
-        for (; i + LN_LANES <= end; i += LN_LANES) {
-            LN_ROW_DECL(xr_, x + i);
-            LN_ROW_DECL(dr_, dy + i);
-            for (size_t j = 0; j < LN_LANES; j++) {
-                LN_T t = LN_ROW_GET(xr_, x + i, j) - m0, dyv = LN_ROW_GET(dr_, dy + i, j);
-                LN_T g = LN_FN(gain_grad)(dyv, w, i + j);
-                l0[j] += t;
-                l1[j] = LN_FN(add_square)(l1[j], t);
-                l2[j] += g;
-                l3[j] = LN_FN(add_product)(l3[j], g, t);
-                LN_T ad = (LN_T)fabs((double)dyv), at = (LN_T)fabs((double)t);
-                mdy[j] = ad > mdy[j] ? ad : mdy[j];
-                mt[j] = at > mt[j] ? at : mt[j];
-            }
-        }
-        for (size_t j = 0; i + j < end; j++) {
-            LN_T t = LN_LOAD(x + i + j) - m0, dyv = LN_LOAD(dy + i + j);
-            LN_T g = LN_FN(gain_grad)(dyv, w, i + j);
-            l0[j] += t;
-            l1[j] = LN_FN(add_square)(l1[j], t);
-            l2[j] += g;
-            l3[j] = LN_FN(add_product)(l3[j], g, t);
-            LN_T ad = (LN_T)fabs((double)dyv), at = (LN_T)fabs((double)t);
-            mdy[j] = ad > mdy[j] ? ad : mdy[j];
-            mt[j] = at > mt[j] ? at : mt[j];
-        }
-        i = end;
-        LN_FN(flush)(tot[0], l0);
-        LN_FN(flush)(tot[1], l1);
-        LN_FN(flush)(tot[2], l2);
-        LN_FN(flush)(tot[3], l3);
-    }
+    double tot[4][LN_LANES]; /* every lane written by its part */
+    LN_T mdy[LN_LANES], mt[LN_LANES];
+    for (size_t j0 = 0; j0 < LN_LANES; j0 += LN_PART)
+        LN_FN(back_sums_part)(x, dy, w, d, j0, m0, tot, mdy, mt);
     s->st = ln_tree_sum(tot[0]);
     s->stt = ln_tree_sum(tot[1]);
     s->g = ln_tree_sum(tot[2]);
@@ -706,7 +756,7 @@ static void LN_FN(back_sums)(const LN_S *x, const LN_S *dy, const LN_P *restrict
     s->max_dy = LN_FN(lane_max)(mdy, LN_LANES);
     s->max_t = LN_FN(lane_max)(mt, LN_LANES);
 }
-
+#undef LN_PART
 
 /* The deposits of element i (dyv, xh) for a constant `mode`. */
 LN_ALWAYS_INLINE void LN_FN(back_deposit_at)(
