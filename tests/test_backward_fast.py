@@ -109,3 +109,70 @@ def test_threads_give_the_same_bits(restore_settings):
     one = lnc.layer_norm_backward(dy, x, w)
     lnc.set_num_threads(2)
     _same(one, lnc.layer_norm_backward(dy, x, w))
+
+
+def _layer_pair(dtype, gain, bias, d):
+    """Two LayerNorm layers with the same parameters (not all ones)."""
+    layers = [lnc.LayerNorm(d, gain=gain, bias=bias, dtype=dtype) for _ in range(2)]
+    rng = np.random.default_rng(3)
+    w = rng.uniform(0.5, 2.0, d).astype(dtype)
+    for layer in layers:
+        if layer.weight is not None:
+            layer.weight = w.copy()
+    return layers
+
+
+@pytest.mark.parametrize("shape", [(7,), (1, 768), (3, 4, 33), (0, 8), (64, 768)])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("gain", [False, True])
+def test_layer_backward_fast_route_matches_the_general_path(shape, dtype, gain, monkeypatch):
+    # The layer's backward goes straight to the kernels for a dy like its
+    # saved x (_layer_backward_rows); with that route turned off it takes
+    # _backward_parts. The same dx and the same accumulated gradients, over
+    # two micro-batches (the second merges into the first's sums).
+    from layernorm_c import _layer
+    dy, x, _ = _inputs(shape, dtype)
+    dy2, x2, _ = _inputs(shape, dtype, seed=1)
+    fast, general = _layer_pair(dtype, gain, True, shape[-1])
+    taken = []
+
+    def counted(*args):
+        res = real(*args)
+        taken.append(res is not None)
+        return res
+
+    real = _layer._layer_backward_rows
+    results = []
+    for layer, route in ((fast, counted), (general, lambda *a: None)):
+        monkeypatch.setattr(_layer, "_layer_backward_rows", route)
+        out = []
+        for xi, dyi in ((x, dy), (x2, dy2)):
+            layer(xi)
+            out.append(layer.backward(dyi))
+        results.append(out + [layer.grad_bias] + ([layer.grad_weight] if gain else []))
+    assert taken == [True, True]
+    _same(results[0], results[1])
+
+
+def test_layer_backward_fast_route_declines_what_it_does_not_take():
+    # dy of another dtype, layout, byte order or type, or a layer of two
+    # normalized axes: the general path, which promotes, reorders, checks.
+    from layernorm_c._backward import _layer_backward_rows
+    dy, x, w = _inputs((4, 16), F32)
+    assert _layer_backward_rows(dy, x, w, 1e-5, None) is not None
+    for bad_dy in (dy.astype(F64), np.asfortranarray(dy), dy.astype(">f4"), dy.tolist(),
+                   dy[:, :8], dy.reshape(2, 32)):
+        assert _layer_backward_rows(bad_dy, x, w, 1e-5, None) is None
+    assert _layer_backward_rows(dy, x, w.astype(F64), 1e-5, None) is None
+    assert _layer_backward_rows(dy, x, w[:8], 1e-5, None) is None
+    assert _layer_backward_rows(dy, x, w, 1e-5, np.zeros(3, F32)) is None
+    layer = lnc.LayerNorm((4, 16))
+    layer(x)
+    g = lnc.layer_norm_backward(dy, x, layer.weight, axis=(-2, -1))
+    assert_same_bits(layer.backward(dy), g.dx)
+    # a float32 layer given float64 dy: promoted as layer_norm_backward does
+    layer = lnc.LayerNorm(16)
+    layer(x)
+    dx = layer.backward(dy.astype(F64))
+    assert dx.dtype == F64
+    assert_same_bits(dx, lnc.layer_norm_backward(dy.astype(F64), x, layer.weight).dx)
