@@ -250,6 +250,8 @@ class LayerNorm(_NormLayer):
         x, mean, w = self._last_forward()
         fast = (_layer_backward_rows(dy, x, w, self.eps, mean)
                 if len(self.normalized_shape) == 1 else None)
+        sw: Optional[ExactSum]
+        sb: Optional[ExactSum]
         if fast is not None:
             dx, sw, sb = fast
         else:
