@@ -666,8 +666,9 @@ LN_ALWAYS_INLINE LN_T LN_FN(lane_max)(LN_T m[LN_LANES], size_t w)
  * time, each part over the whole record (64 bytes of each array: two AVX2
  * or four NEON registers; a level may set LN_PART_BYTES, and AVX-512 takes
  * all 32 float lanes in two registers). Each lane still sees the same
- * additions in the same order: the same bits. Levels that convert whole rows (LN_LOAD_ROW: float16, bfloat16)
- * take all lanes at once, on the row they convert.
+ * additions in the same order: the same bits. Levels that convert whole
+ * rows (LN_LOAD_ROW: float16, bfloat16) take all lanes at once, on the row
+ * they convert.
  */
 #undef LN_PART
 #if !defined(LN_PART_BYTES)
