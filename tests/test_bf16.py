@@ -104,6 +104,27 @@ def test_non_finite_values_stay_in_their_record():
     assert_same_bits(y[keep], clean[keep])
 
 
+def test_nan_records_of_the_backward_and_of_constant_records(restore_settings):
+    """The records the kernels write as all-NaN without computing them (a
+    constant record with eps = 0; a backward record whose x holds a NaN)
+    are the float32 result rounded, on every level, and stay in their
+    record."""
+    x, dy, w, b = _batch(8, 40)
+    x[3] = x[3, 0]       # constant: var + eps == 0
+    xb = x.copy()
+    xb[5, 7] = np.nan    # the backward's NaN record
+    for isa in lnc.supported_isas():
+        lnc.set_isa(isa)
+        y = lnc.layer_norm(x, w, b, eps=0.0)
+        assert_same_bits(y, lnc.layer_norm(*_f32(x, w, b), eps=0.0).astype(BF16), isa)
+        assert np.isnan(y[3].astype(F32)).all() and not np.isnan(np.delete(y, 3, 0).astype(F32)).any()
+        g = lnc.layer_norm_backward(dy, xb, w)
+        want = lnc.layer_norm_backward(*_f32(dy, xb, w))
+        assert_same_bits(g.dx, want.dx.astype(BF16), f"dx {isa}")
+        assert np.isnan(g.dx[5].astype(F32)).all()
+        assert not np.isnan(np.delete(g.dx, 5, 0).astype(F32)).any()
+
+
 def test_mixed_with_float32_parameters():
     x, dy, w, b = _batch()
     y = lnc.layer_norm(x, w.astype(F32), b)
