@@ -1,7 +1,6 @@
 """dask arrays through layer_norm, rms_norm and their backward functions:
 lazy, and bit-identical to the in-memory call for every chunking and
 scheduler, the parameter gradients included."""
-import time
 
 import numpy as np
 import pytest
@@ -36,11 +35,8 @@ CHUNKS = [(240, 3, 40), (17, 3, 40), (1, 1, 40), (50, 2, 7), (99, 1, 13)]
 @pytest.mark.parametrize("chunks", CHUNKS)
 def test_layer_norm_is_lazy_and_bit_identical(chunks):
     xd = da.from_array(X, chunks=chunks)
-    t = time.perf_counter()
     res = lnc.layer_norm(xd, W, B, return_stats=True)
-    built = time.perf_counter() - t
-    assert all(isinstance(a, da.Array) for a in res)
-    assert built < 2.0  # graph building only (generous: a shared machine)
+    assert all(isinstance(a, da.Array) for a in res)  # lazy: see the next test
     assert res.y.chunks[2] == (40,) and res.mean.shape == (240, 3)
     _same(dask.compute(*res, scheduler="threads"), lnc.layer_norm(X, W, B, return_stats=True))
 
