@@ -20,6 +20,8 @@
 #
 # Usage:
 #   tools/sanitize.sh                 # build + whole test suite + leak pass
+#   tools/sanitize.sh --c-suite       # the test files of tools/c_suite.txt only
+#                                     # (every line of csrc/ the whole suite runs; CI)
 #   tools/sanitize.sh -- -k fuzz      # extra arguments after -- go to pytest
 #   tools/sanitize.sh --selftest      # prove it catches a planted 1-element over-read
 #                                     # (exit 0 only if ASan reports it)
@@ -34,16 +36,23 @@ ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 PYTHON="${PYTHON:-python3}"
 KEEP=0
 SELFTEST=0
+C_SUITE=0
 PYTEST_ARGS=()
 while [ $# -gt 0 ]; do
     case "$1" in
         --keep) KEEP=1 ;;
+        --c-suite) C_SUITE=1 ;;
         --selftest) SELFTEST=1 ;;
         --) shift; PYTEST_ARGS=("$@"); break ;;
         *) echo "sanitize.sh: unknown option $1" >&2; exit 2 ;;
     esac
     shift
 done
+
+if [ "$C_SUITE" = 1 ]; then
+    mapfile -t C_FILES < <(grep -v -e '^#' -e '^$' "$ROOT/tools/c_suite.txt")
+    PYTEST_ARGS=("${C_FILES[@]}" "${PYTEST_ARGS[@]}")
+fi
 
 if [ -n "${LAYERNORM_C_SANITIZE_DIR:-}" ]; then
     WORK="$LAYERNORM_C_SANITIZE_DIR"   # the caller's folder: never deleted
