@@ -28,6 +28,8 @@
 #   tools/sanitize.sh --keep          # keep the temporary copy (path printed)
 #
 # Environment: PYTHON (default: python3 from PATH, e.g. the activated venv),
+# LEAKCHECK_ROUNDS (rounds of tools/leakcheck.py in the leak pass, default
+# 20; a leak of any call shows in one round, more rounds only grow it),
 # LAYERNORM_C_SANITIZE_DIR (work in this folder, kept afterwards, instead of
 # a fresh temporary one that is removed).
 set -euo pipefail
@@ -216,7 +218,7 @@ fi
 log "leak pass (LeakSanitizer)"
 set +e
 ( cd "$SRC" && ASAN_OPTIONS="detect_leaks=1:exitcode=23:halt_on_error=1:log_path=$LOGDIR/lsan" \
-    "$PYTHON" "$SRC/tools/leakcheck.py" ) | tee "$WORK/leakcheck.out"
+    "$PYTHON" "$SRC/tools/leakcheck.py" "${LEAKCHECK_ROUNDS:-20}" ) | tee "$WORK/leakcheck.out"
 RC=${PIPESTATUS[0]}
 set -e
 # LeakSanitizer replaces the exit status by 23 whenever it finds leaks (and
