@@ -92,9 +92,10 @@ def measure(case: dict) -> dict:
 
 
 def mem_available() -> int:
-    for line in open("/proc/meminfo"):
-        if line.startswith("MemAvailable:"):
-            return int(line.split()[1]) * 1024
+    with open("/proc/meminfo") as meminfo:
+        for line in meminfo:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
     return 0
 
 
