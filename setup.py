@@ -74,7 +74,6 @@ else:
         compile_args += ["-Wmissing-field-initializers", "-Werror"]
 
 
-
 def build_jobs():
     """How many compiler processes to run at once (LAYERNORM_C_BUILD_JOBS,
     else one per core)."""

@@ -9,6 +9,7 @@
 # whole suite's lines with the subset's (tools/c_coverage.py).
 #
 #   tools/c_coverage.sh OUT.json                     # the whole suite
+#   tools/c_coverage.sh OUT.json --c-suite           # the files of tools/c_suite.txt
 #   tools/c_coverage.sh OUT.json -- tests/test_x.py  # pytest arguments after --
 #   python tools/c_coverage.py WHOLE.json SUBSET.json  # lines WHOLE runs and SUBSET does not
 #
@@ -18,25 +19,26 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 PYTHON="${PYTHON:-python3}"
-[ $# -ge 1 ] || { echo "usage: tools/c_coverage.sh OUT.json [-- pytest args]" >&2; exit 2; }
+# shellcheck source=tools/tree_copy.sh
+. "$ROOT/tools/tree_copy.sh"
+USAGE="usage: tools/c_coverage.sh OUT.json [--c-suite] [-- pytest args]"
+[ $# -ge 1 ] || { echo "$USAGE" >&2; exit 2; }
 OUTFILE="$(realpath -m "$1")"; shift
 PYTEST_ARGS=()
+if [ "${1:-}" = --c-suite ]; then
+    mapfile -t PYTEST_ARGS < <(c_suite_files "$ROOT")
+    shift
+fi
 if [ $# -gt 0 ]; then
-    [ "$1" = -- ] || { echo "c_coverage.sh: pytest arguments go after --" >&2; exit 2; }
-    shift; PYTEST_ARGS=("$@")
+    [ "$1" = -- ] || { echo "$USAGE" >&2; exit 2; }
+    shift; PYTEST_ARGS+=("$@")
 fi
 command -v gcov > /dev/null || { echo "c_coverage.sh: gcov not installed" >&2; exit 1; }
 WORK="$(mktemp -d -t layernorm_c_coverage.XXXXXX)"
 trap 'rm -rf "$WORK"' EXIT
 log() { echo "c_coverage.sh: $*"; }
 
-mkdir -p "$WORK/src"
-tar -C "$ROOT" \
-    --exclude=./.git --exclude=./build --exclude=./dist --exclude=./.venv \
-    --exclude='*.so' --exclude='*.o' --exclude='*.gcda' --exclude='*.gcno' \
-    --exclude=__pycache__ --exclude=./.hypothesis --exclude=./.pytest_cache \
-    --exclude=./docs/_build --exclude='*.egg-info' --exclude=./fuzz/build \
-    -cf - . | tar -C "$WORK/src" -xf -
+copy_tree "$ROOT" "$WORK/src"
 SRC="$WORK/src"
 # Atomic counters: the kernels run on several threads.
 log "building in $SRC with --coverage -O1"
@@ -44,10 +46,7 @@ log "building in $SRC with --coverage -O1"
     "$PYTHON" setup.py -q build_ext --inplace --build-temp "$WORK/build-temp" \
     > "$WORK/build.log" 2>&1 ) || { cat "$WORK/build.log"; exit 1; }
 export PYTHONPATH="$SRC${PYTHONPATH:+:$PYTHONPATH}"
-( cd "$SRC" && "$PYTHON" -c "
-import sys, layernorm_c._core as c
-assert c.__file__.startswith(sys.argv[1]), 'imported ' + c.__file__ + ', not the copy'
-" "$SRC" )
+log "$(assert_imports_copy "$PYTHON" "$SRC")"
 log "pytest ${PYTEST_ARGS[*]:-(the whole suite)}"
 set +e
 ( cd "$SRC" && "$PYTHON" -m pytest -q -p no:cacheprovider \

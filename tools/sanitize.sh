@@ -51,8 +51,11 @@ while [ $# -gt 0 ]; do
     shift
 done
 
+# shellcheck source=tools/tree_copy.sh
+. "$ROOT/tools/tree_copy.sh"
+
 if [ "$C_SUITE" = 1 ]; then
-    mapfile -t C_FILES < <(grep -v -e '^#' -e '^$' "$ROOT/tools/c_suite.txt")
+    mapfile -t C_FILES < <(c_suite_files "$ROOT")
     PYTEST_ARGS=("${C_FILES[@]}" "${PYTEST_ARGS[@]}")
 fi
 
@@ -72,13 +75,7 @@ T0=$(date +%s)
 
 # ---- 1. copy the sources ------------------------------------------------------
 rm -rf "$WORK/src" "$WORK/build-temp" "$WORK/reports"   # nothing stale from a past run
-mkdir -p "$WORK/src"
-tar -C "$ROOT" \
-    --exclude=./.git --exclude=./build --exclude=./dist --exclude=./.venv \
-    --exclude='*.so' --exclude='*.pyd' --exclude='*.o' --exclude=__pycache__ \
-    --exclude=./.hypothesis --exclude=./.pytest_cache --exclude=./docs/_build \
-    --exclude='*.egg-info' --exclude=./fuzz/build \
-    -cf - . | tar -C "$WORK/src" -xf -
+copy_tree "$ROOT" "$WORK/src"
 SRC="$WORK/src"
 
 if [ "$SELFTEST" = 1 ]; then
@@ -145,12 +142,7 @@ unset PYTHONFAULTHANDLER
 export LAYERNORM_C_SANITIZED=1
 
 # The tests must import the sanitized copy, not an installed/editable build.
-( cd "$SRC" && "$PYTHON" -c "
-import sys, layernorm_c._core as c
-where = c.__file__
-assert where.startswith(sys.argv[1]), 'imported ' + where + ', not the sanitized copy'
-print('sanitize.sh: using', where)
-" "$SRC" )
+echo "sanitize.sh: $(assert_imports_copy "$PYTHON" "$SRC")"
 
 report_and_fail() {
     log "FAILED: $1"
