@@ -22,6 +22,12 @@ GCC at -O3 with ASan + UBSan takes about ten minutes for each kernel file
 (with -g, an object of 1 MB grows to 80 once instrumented); -O1, the level
 the sanitizers' documentation recommends, about one and a half.
 
+On x86 GCC, the kernels' fixed-size local arrays (lane accumulators, row
+buffers) are zeroed with vector stores (-mmemset-strategy, when the
+compiler takes it): GCC's generic tuning uses `rep stosq`, whose start-up
+cost per record was 15% of the forward's sum passes at d = 768 (AMD Zen 3,
+perf); float32 (64, 768) and (4096, 768) LayerNorm 10-13% faster.
+
 The sources compile side by side, one compiler process per core
 (LAYERNORM_C_BUILD_JOBS=N sets how many; 1 compiles them one after the
 other): setuptools builds the files of one extension one at a time, and
@@ -29,11 +35,17 @@ the three kernel files take about 25 s each at -O3.
 """
 import os
 import sys
+import tempfile
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
+
+try:
+    from setuptools.errors import CompileError
+except ImportError:  # setuptools < 59
+    from distutils.errors import CompileError
 
 # A quick file first (it compiles alone, see ParallelBuildExt), then the
 # slowest, so that side by side the compilers finish together.
@@ -85,6 +97,23 @@ def build_jobs():
     return int(text)
 
 
+MEMSET_FLAG = "-mmemset-strategy=vector_loop:4096:noalign,libcall:-1:noalign"
+
+
+def compiler_takes(compiler, flag):
+    """Does the compiler build a trivial file with flag (as an error if
+    unknown)? Only x86 GCC knows -mmemset-strategy."""
+    with tempfile.TemporaryDirectory() as tmp:
+        src = os.path.join(tmp, "probe.c")
+        with open(src, "w") as f:
+            f.write("int main(void) { return 0; }\n")
+        try:
+            compiler.compile([src], output_dir=tmp, extra_postargs=[flag, "-Werror"])
+        except CompileError:
+            return False
+    return True
+
+
 class ParallelBuildExt(build_ext):
     """build_ext whose compiler takes an extension's sources several at a
     time. Each source goes through the compiler's own compile() (flags,
@@ -92,6 +121,8 @@ class ParallelBuildExt(build_ext):
     that it creates the output folders before the others run."""
 
     def build_extension(self, ext):
+        if self.compiler.compiler_type == "unix" and compiler_takes(self.compiler, MEMSET_FLAG):
+            ext.extra_compile_args = list(ext.extra_compile_args) + [MEMSET_FLAG]
         jobs = build_jobs()
         serial_compile = self.compiler.compile
         if jobs > 1:
