@@ -411,8 +411,16 @@ LN_ALWAYS_INLINE void LN_FN(group_output)(LN_FN(short_group) *g, char *y, ptrdif
  * chain of dependent additions, so one block at a time runs at the adder's
  * latency, not its throughput: whole blocks are taken two at a time, each
  * into its own lanes, and flushed in order (the same additions in the same
- * order as one at a time, so the same bits).
+ * order as one at a time, so the same bits). A level whose registers
+ * cannot hold two blocks' lanes beside the totals sets LN_PAIR_BLOCKS to
+ * 0 (AVX2: 32 float lanes are four of its 16 registers a block, and the
+ * subtraction and the addition of each element already fill both of
+ * Zen 3's adders with one block at a time).
  */
+
+#if !defined(LN_PAIR_BLOCKS)
+#define LN_PAIR_BLOCKS 1
+#endif
 
 /* lane[j] += x - shift over the whole rows of [i, end). */
 LN_ALWAYS_INLINE void LN_FN(add_shifted)(LN_T lane[LN_LANES], const LN_S *x, size_t i,
@@ -434,7 +442,7 @@ static double LN_FN(sum_shifted)(const LN_S *x, size_t d, LN_T shift)
         return LN_FN(sum_shifted_short)(x, d, shift);
     double total[LN_LANES] = {0};
     size_t i = 0;
-    for (; i + 2 * LN_BLOCK <= d; i += 2 * LN_BLOCK) {
+    for (; LN_PAIR_BLOCKS && i + 2 * LN_BLOCK <= d; i += 2 * LN_BLOCK) {
         LN_T a[LN_LANES] = {0}, b[LN_LANES] = {0};
         for (size_t k = 0; k < LN_BLOCK; k += LN_LANES) {
             LN_ROW_DECL(ar_, x + i + k);
@@ -477,7 +485,7 @@ static double LN_FN(sum_squares)(const LN_S *x, size_t d, LN_T hi, LN_T lo)
         return LN_FN(sum_squares_short)(x, d, hi, lo);
     double total[LN_LANES] = {0};
     size_t i = 0;
-    for (; i + 2 * LN_BLOCK <= d; i += 2 * LN_BLOCK) {
+    for (; LN_PAIR_BLOCKS && i + 2 * LN_BLOCK <= d; i += 2 * LN_BLOCK) {
         LN_T a[LN_LANES] = {0}, b[LN_LANES] = {0};
         for (size_t k = 0; k < LN_BLOCK; k += LN_LANES) {
             LN_ROW_DECL(ar_, x + i + k);
