@@ -61,11 +61,19 @@ static inline LN_T LN_FN(grad_input)(LN_T g, LN_T xh, LN_T a, LN_T bm, LN_T r)
     return LN_FMA(-xh, bm, g - a) * r;
 }
 
-/* End of a block: block lanes into the double total lanes, then clear. */
-static inline void LN_FN(flush)(double total[LN_LANES], LN_T lane[LN_LANES])
+/* End of a block: n block lanes into their double total lanes, then
+ * clear (n is a constant where it is inlined, so the loop vectorizes:
+ * GCC turned the backward's part-width flush, written out beside three
+ * others in one loop, into scalar conversions). */
+LN_ALWAYS_INLINE void LN_FN(flush_lanes)(double *total, LN_T *lane, size_t n)
 {
-    for (size_t j = 0; j < LN_LANES; j++) {
+    for (size_t j = 0; j < n; j++) {
         total[j] += (double)lane[j];
         lane[j] = 0;
     }
+}
+
+static inline void LN_FN(flush)(double total[LN_LANES], LN_T lane[LN_LANES])
+{
+    LN_FN(flush_lanes)(total, lane, LN_LANES);
 }

@@ -709,6 +709,13 @@ LN_ALWAYS_INLINE void LN_FN(back_sums_step)(LN_T l0[LN_PART], LN_T l1[LN_PART],
     mt[j] = at > mt[j] ? at : mt[j];
 }
 
+/* A part's block lanes into its totals, out of line: inlined into
+ * back_sums_part, GCC turned this flush into scalar conversions. */
+static LN_NOINLINE void LN_FN(flush_part)(double *total, LN_T *lane)
+{
+    LN_FN(flush_lanes)(total, lane, LN_PART);
+}
+
 /* Lanes [j0, j0 + LN_PART) of back_sums over the whole record, block by
  * block: their totals into tot, their maxima into mdy_all and mt_all. */
 LN_ALWAYS_INLINE void LN_FN(back_sums_part)(const LN_S *x, const LN_S *dy,
@@ -718,9 +725,9 @@ LN_ALWAYS_INLINE void LN_FN(back_sums_part)(const LN_S *x, const LN_S *dy,
 {
     double t0[LN_PART] = {0}, t1[LN_PART] = {0}, t2[LN_PART] = {0}, t3[LN_PART] = {0};
     LN_T mdy[LN_PART] = {0}, mt[LN_PART] = {0};
+    LN_T l0[LN_PART] = {0}, l1[LN_PART] = {0}, l2[LN_PART] = {0}, l3[LN_PART] = {0};
     for (size_t i = 0; i < d;) {
         size_t end = d - i > LN_BLOCK ? i + LN_BLOCK : d;
-        LN_T l0[LN_PART] = {0}, l1[LN_PART] = {0}, l2[LN_PART] = {0}, l3[LN_PART] = {0};
         for (; i + LN_LANES <= end; i += LN_LANES) {
             LN_ROW_DECL(xr_, x + i);
             LN_ROW_DECL(dr_, dy + i);
@@ -733,12 +740,10 @@ LN_ALWAYS_INLINE void LN_FN(back_sums_part)(const LN_S *x, const LN_S *dy,
             LN_FN(back_sums_step)(l0, l1, l2, l3, mdy, mt, j, LN_LOAD(x + i + j0 + j),
                                   LN_LOAD(dy + i + j0 + j), w, i + j0 + j, m0);
         i = end;
-        for (size_t j = 0; j < LN_PART; j++) {
-            t0[j] += (double)l0[j];
-            t1[j] += (double)l1[j];
-            t2[j] += (double)l2[j];
-            t3[j] += (double)l3[j];
-        }
+        LN_FN(flush_part)(t0, l0);
+        LN_FN(flush_part)(t1, l1);
+        LN_FN(flush_part)(t2, l2);
+        LN_FN(flush_part)(t3, l3);
     }
     for (size_t j = 0; j < LN_PART; j++) {
         tot[0][j0 + j] = t0[j];

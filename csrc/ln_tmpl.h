@@ -44,6 +44,13 @@
 #define LN_ALWAYS_INLINE static inline
 #endif
 
+/* Kept out of line, where inlining cost the vectorized form. */
+#if defined(__GNUC__) || defined(__clang__)
+#define LN_NOINLINE __attribute__((noinline))
+#else
+#define LN_NOINLINE
+#endif
+
 /* One fused multiply-add in the compute type (fmaf or fma). */
 #define LN_FMA(a, b, c) _Generic((a), float: fmaf, default: fma)((a), (b), (c))
 
