@@ -21,10 +21,21 @@
  *    in double.
  * 5. Centering. mean is split into hi = (T)mean and lo = (T)(mean - hi);
  *    the second pass sums squares of t = (x - hi) - lo.
+ *    Records of more than LN_ONE_PASS_MIN_D features take one pass
+ *    instead, whenever it is accurate: beside the sum of item 4 it sums
+ *    the squares of u = x - c (fma(u, u, acc), items 1-3), c the
+ *    square shift: the mean of the first LN_SHIFT_SPAN values, summed in
+ *    double by the pairwise tree of item 3, divided by LN_SHIFT_SPAN and
+ *    rounded to T. With dm = (x[0] - c) + sum/d (mean - c, free of the
+ *    mean's rounding), var = sum u^2 / d - dm^2 (double)
+ *    when dm^2 <= var and var is finite: c is then within a standard
+ *    deviation of the mean and the subtraction loses at most one bit.
+ *    Otherwise (a shift far from the mean, NaN, overflow) the second pass
+ *    of item 5 computes var, exactly as for shorter records.
  * 6. Fusing. Multiply-adds are fused (one rounding) in exactly three
  *    places of the forward, and nowhere else (everything is built with
  *    -ffp-contract=off; the backward's are item 10):
- *      the square:  acc = fma(t, t, acc)
+ *      the square:  acc = fma(t, t, acc) (or fma(u, u, acc), item 5)
  *      the output:  v = fma(x - hi, r, c), with r = (T)(1/sqrt(var + eps))
  *                   and c = -(lo * r)
  *      the affine:  y = fma(v, w, b) when both gain and bias are present
@@ -68,6 +79,14 @@
 
 #define LN_LANES 32
 #define LN_BLOCK 256
+
+/* Item 5: the one-pass statistics, and the values their shift is the
+ * mean of. Shorter records (two lane rows at most: the short paths keep
+ * them in registers) always take two passes. */
+#define LN_ONE_PASS_MIN_D (2 * LN_LANES)
+#define LN_SHIFT_SPAN 8
+_Static_assert(LN_ONE_PASS_MIN_D >= LN_SHIFT_SPAN, "the shift's values lie in the record");
+_Static_assert((LN_SHIFT_SPAN & (LN_SHIFT_SPAN - 1)) == 0, "a pairwise tree over the span");
 
 /* Variances the float block lanes hold safely. */
 #define LN_F32_VAR_MIN 1e-30

@@ -509,6 +509,38 @@ static double LN_FN(sum_squares)(const LN_S *x, size_t d, LN_T hi, LN_T lo)
     return ln_tree_sum(total);
 }
 
+/* Both sums of the one-pass statistics (ln_contract.h, item 5), block by
+ * block: x - shift into a, the squares of x - c into q. Only for records
+ * longer than LN_ONE_PASS_MIN_D (no short path). The two arrays are
+ * independent chains, so one block at a time keeps the adders busy. */
+static void LN_FN(sum_shifted_squares)(const LN_S *x, size_t d, LN_T shift, LN_T c,
+                                       double *s1, double *s2)
+{
+    double t1[LN_LANES] = {0}, t2[LN_LANES] = {0};
+    LN_T a[LN_LANES] = {0}, q[LN_LANES] = {0};
+    for (size_t i = 0; i < d;) {
+        size_t end = d - i > LN_BLOCK ? i + LN_BLOCK : d;
+        for (; i + LN_LANES <= end; i += LN_LANES) {
+            LN_ROW_DECL(xr_, x + i);
+            for (size_t j = 0; j < LN_LANES; j++) {
+                LN_T v = LN_ROW_GET(xr_, x + i, j);
+                a[j] += v - shift;
+                q[j] = LN_FN(add_square)(q[j], v - c);
+            }
+        }
+        for (size_t j = 0; i + j < end; j++) {
+            LN_T v = LN_LOAD(x + i + j);
+            a[j] += v - shift;
+            q[j] = LN_FN(add_square)(q[j], v - c);
+        }
+        i = end;
+        LN_FN(flush)(t1, a);
+        LN_FN(flush)(t2, q);
+    }
+    *s1 = ln_tree_sum(t1);
+    *s2 = ln_tree_sum(t2);
+}
+
 /* y[i] = affine(normalize(x[i])) for i in [i0, i1), element by element. */
 LN_ALWAYS_INLINE void LN_FN(apply_tail)(const LN_S *x, LN_S *y, size_t i0, size_t i1,
                                      LN_T hi, LN_T r, LN_T c, const LN_P *restrict w,

@@ -11,10 +11,49 @@ static inline double LN_FN(mean_of)(const LN_S *x, size_t d)
     return (double)shift + LN_FN(sum_shifted)(x, d, shift) / (double)d;
 }
 
-/* The mean, then var = sum(((x - hi) - lo)^2) / d. */
+/* The square shift of the one-pass statistics: the mean of the first
+ * LN_SHIFT_SPAN values, their sum taken in double by a pairwise tree. */
+static inline LN_T LN_FN(square_shift)(const LN_S *x)
+{
+    double v[LN_SHIFT_SPAN];
+    for (size_t j = 0; j < LN_SHIFT_SPAN; j++)
+        v[j] = (double)LN_LOAD(x + j);
+    for (size_t h = LN_SHIFT_SPAN / 2; h >= 1; h /= 2)
+        for (size_t j = 0; j < h; j++)
+            v[j] += v[j + h];
+    return (LN_T)(v[0] / LN_SHIFT_SPAN);
+}
+
+/* The one-pass statistics of a long record (ln_contract.h, item 5): the
+ * mean of item 4 and, when the square shift c lies within a standard
+ * deviation of it, the variance from the squares around c (1), else 0:
+ * the caller takes the second pass. */
+static int LN_FN(stats_one_pass)(const LN_S *x, size_t d, ln_stats *st)
+{
+    LN_T shift = LN_LOAD(x), c = LN_FN(square_shift)(x);
+    double s1, s2;
+    LN_FN(sum_shifted_squares)(x, d, shift, c, &s1, &s2);
+    st->mean = (double)shift + s1 / (double)d;
+    /* mean - c without the mean's rounding, which is relative to the
+     * offset: x[0] - c is exact for values of one binade (Sterbenz). */
+    double dm = ((double)shift - (double)c) + s1 / (double)d;
+    double var = s2 / (double)d - dm * dm;
+    if (!(dm * dm <= var && var <= DBL_MAX)) /* also false for NaN */
+        return 0;
+    st->var = var;
+    return 1;
+}
+
+/* The mean, then var = sum(((x - hi) - lo)^2) / d (one pass for long
+ * records when that is accurate). */
 static void LN_FN(stats)(const LN_S *x, size_t d, ln_stats *st)
 {
-    st->mean = LN_FN(mean_of)(x, d);
+    if (d > LN_ONE_PASS_MIN_D) {
+        if (LN_FN(stats_one_pass)(x, d, st))
+            return;
+    } else {
+        st->mean = LN_FN(mean_of)(x, d);
+    }
     LN_T hi = (LN_T)st->mean;
     LN_T lo = (LN_T)(st->mean - (double)hi);
     st->var = LN_FN(sum_squares)(x, d, hi, lo) / (double)d;

@@ -34,6 +34,26 @@ static double LN_FN(sum_squares)(const LN_S *x, size_t d, LN_T hi, LN_T lo)
     return ln_tree_sum(total);
 }
 
+/* One pass, both sums of the one-pass statistics (ln_contract.h, item
+ * 5): of x[i] - shift, and of the squares of x[i] - c. */
+static void LN_FN(sum_shifted_squares)(const LN_S *x, size_t d, LN_T shift, LN_T c,
+                                       double *s1, double *s2)
+{
+    double t1[LN_LANES] = {0}, t2[LN_LANES] = {0};
+    LN_T l1[LN_LANES] = {0}, l2[LN_LANES] = {0};
+    for (size_t i = 0; i < d; i++) {
+        LN_T v = LN_LOAD(x + i);
+        l1[i % LN_LANES] += v - shift;
+        l2[i % LN_LANES] = LN_FN(add_square)(l2[i % LN_LANES], v - c);
+        if ((i + 1) % LN_BLOCK == 0 || i + 1 == d) {
+            LN_FN(flush)(t1, l1);
+            LN_FN(flush)(t2, l2);
+        }
+    }
+    *s1 = ln_tree_sum(t1);
+    *s2 = ln_tree_sum(t2);
+}
+
 /* y = affine(normalize(x)). The reference never streams. */
 static void LN_FN(apply)(const LN_S *x, LN_S *y, size_t d, LN_T hi, LN_T r,
                          LN_T c, const LN_P *w, const LN_P *b, int stream)

@@ -35,6 +35,36 @@ def test_float32_accurate_with_large_offset(offset, d):
     assert np.all(np.abs(var - ref.var) <= STATS_TOL[F32] * ref.var)
 
 
+@pytest.mark.parametrize("lead", [1.0, 3.0, 1e3])
+@pytest.mark.parametrize("dtype", [F32, F64])
+def test_one_pass_statistics_fall_back_when_the_shift_is_far_from_the_mean(
+        lead, dtype, restore_settings):
+    """Records of more than 64 features sum their squares around the mean of
+    their first 8 values in the mean's own pass, kept only when that shift
+    lies within a standard deviation of the mean (ln_contract.h, item 5).
+    First values far above the rest (lead 1e3: the shift some 90 standard
+    deviations out, where the one-pass variance would lose about 13 bits)
+    must take the centered second pass, and shifts about one standard
+    deviation out (lead 1, 3) either path: every level gives the scalar
+    level's bits, within STATS_TOL of the float64 reference."""
+    rng = np.random.default_rng(int(lead))
+    d = 65536
+    x = rng.standard_normal((3, d))
+    x[:, :8] += lead
+    x[1, :8] -= 2 * lead  # the shift below the mean as well
+    x = x.astype(dtype)
+    ref = lnc.reference_layer_norm(x)
+    lnc.set_isa("scalar")
+    want = lnc.layer_norm(x, return_stats=True)
+    for isa in lnc.supported_isas():
+        lnc.set_isa(isa)
+        got = lnc.layer_norm(x, return_stats=True)
+        assert_same_result(got, want, isa)
+    y, mean, var = want
+    assert np.max(np.abs(y - ref.y)) <= Y_TOL[dtype]
+    assert np.all(np.abs(var - ref.var) <= STATS_TOL[dtype] * ref.var)
+
+
 # ------------------------------------------------------------ float64 accuracy
 
 def _exact_layer_norm(row, eps):
