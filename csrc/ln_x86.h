@@ -99,7 +99,11 @@ static inline void ln_store_part_f16(uint16_t *p, const float *v, size_t n, size
 }
 
 /* The first n < LN_LANES floats or doubles of a row, zeros beyond, with
- * masked loads (GCC's own masked loads for such loops are not reliable). */
+ * masked loads (GCC's own masked loads for such loops are not reliable).
+ * AVX2 masks only the vector that holds the end: AMD's Zen cores run
+ * vmaskmov slowly (a masked store is several times a plain one), and
+ * whole vectors inside the row need no mask; a store past the end's
+ * vector writes nothing. */
 static inline void ln_load_part_f32(float *v, const float *p, size_t n, size_t width)
 {
     for (size_t j = 0; j < width; j += LN_VEC_BYTES / 4) {
@@ -107,8 +111,12 @@ static inline void ln_load_part_f32(float *v, const float *p, size_t n, size_t w
 #if LN_VEC_BYTES == 64
         _mm512_storeu_ps(v + j, _mm512_maskz_loadu_ps(ln_first16(k), p + j));
 #else
+        if (k >= 8) {
+            _mm256_storeu_ps(v + j, _mm256_loadu_ps(p + j));
+            continue;
+        }
         __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-        __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(k > 8 ? 8 : k)), lane);
+        __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)k), lane);
         _mm256_storeu_ps(v + j, _mm256_maskload_ps(p + j, m));
 #endif
     }
@@ -121,8 +129,12 @@ static inline void ln_load_part_f64(double *v, const double *p, size_t n, size_t
 #if LN_VEC_BYTES == 64
         _mm512_storeu_pd(v + j, _mm512_maskz_loadu_pd((__mmask8)ln_first16(k > 8 ? 8 : k), p + j));
 #else
+        if (k >= 4) {
+            _mm256_storeu_pd(v + j, _mm256_loadu_pd(p + j));
+            continue;
+        }
         __m256i lane = _mm256_setr_epi64x(0, 1, 2, 3);
-        __m256i m = _mm256_cmpgt_epi64(_mm256_set1_epi64x((long long)(k > 4 ? 4 : k)), lane);
+        __m256i m = _mm256_cmpgt_epi64(_mm256_set1_epi64x((long long)k), lane);
         _mm256_storeu_pd(v + j, _mm256_maskload_pd(p + j, m));
 #endif
     }
@@ -136,8 +148,14 @@ static inline void ln_store_part_f32(float *p, const float *v, size_t n, size_t 
 #if LN_VEC_BYTES == 64
         _mm512_mask_storeu_ps(p + j, ln_first16(k), _mm512_loadu_ps(v + j));
 #else
+        if (k >= 8) {
+            _mm256_storeu_ps(p + j, _mm256_loadu_ps(v + j));
+            continue;
+        }
+        if (k == 0)
+            break;
         __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-        __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(k > 8 ? 8 : k)), lane);
+        __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)k), lane);
         _mm256_maskstore_ps(p + j, m, _mm256_loadu_ps(v + j));
 #endif
     }
@@ -150,8 +168,14 @@ static inline void ln_store_part_f64(double *p, const double *v, size_t n, size_
 #if LN_VEC_BYTES == 64
         _mm512_mask_storeu_pd(p + j, (__mmask8)ln_first16(k > 8 ? 8 : k), _mm512_loadu_pd(v + j));
 #else
+        if (k >= 4) {
+            _mm256_storeu_pd(p + j, _mm256_loadu_pd(v + j));
+            continue;
+        }
+        if (k == 0)
+            break;
         __m256i lane = _mm256_setr_epi64x(0, 1, 2, 3);
-        __m256i m = _mm256_cmpgt_epi64(_mm256_set1_epi64x((long long)(k > 4 ? 4 : k)), lane);
+        __m256i m = _mm256_cmpgt_epi64(_mm256_set1_epi64x((long long)k), lane);
         _mm256_maskstore_pd(p + j, m, _mm256_loadu_pd(v + j));
 #endif
     }
