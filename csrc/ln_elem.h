@@ -61,6 +61,14 @@ static inline LN_T LN_FN(grad_input)(LN_T g, LN_T xh, LN_T a, LN_T bm, LN_T r)
     return LN_FMA(-xh, bm, g - a) * r;
 }
 
+/* One element v of the one-pass statistics (ln_contract.h, item 5) into
+ * its lanes: a += v - shift, q += (v - c)^2 rounded once. */
+LN_ALWAYS_INLINE void LN_FN(add_shifted_square)(LN_T *a, LN_T *q, LN_T v, LN_T shift, LN_T c)
+{
+    *a += v - shift;
+    *q = LN_FN(add_square)(*q, v - c);
+}
+
 /* End of a block: n block lanes into their double total lanes, then
  * clear (n is a constant where it is inlined, so the loop vectorizes:
  * GCC turned the backward's part-width flush, written out beside three

@@ -33,10 +33,11 @@ static int LN_FN(stats_one_pass)(const LN_S *x, size_t d, ln_stats *st)
     LN_T shift = LN_LOAD(x), c = LN_FN(square_shift)(x);
     double s1, s2;
     LN_FN(sum_shifted_squares)(x, d, shift, c, &s1, &s2);
-    st->mean = (double)shift + s1 / (double)d;
+    double md = s1 / (double)d; /* mean - x[0] */
+    st->mean = (double)shift + md;
     /* mean - c without the mean's rounding, which is relative to the
      * offset: x[0] - c is exact for values of one binade (Sterbenz). */
-    double dm = ((double)shift - (double)c) + s1 / (double)d;
+    double dm = ((double)shift - (double)c) + md;
     double var = s2 / (double)d - dm * dm;
     if (!(dm * dm <= var && var <= DBL_MAX)) /* also false for NaN */
         return 0;

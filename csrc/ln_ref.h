@@ -42,9 +42,8 @@ static void LN_FN(sum_shifted_squares)(const LN_S *x, size_t d, LN_T shift, LN_T
     double t1[LN_LANES] = {0}, t2[LN_LANES] = {0};
     LN_T l1[LN_LANES] = {0}, l2[LN_LANES] = {0};
     for (size_t i = 0; i < d; i++) {
-        LN_T v = LN_LOAD(x + i);
-        l1[i % LN_LANES] += v - shift;
-        l2[i % LN_LANES] = LN_FN(add_square)(l2[i % LN_LANES], v - c);
+        LN_FN(add_shifted_square)(&l1[i % LN_LANES], &l2[i % LN_LANES], LN_LOAD(x + i), shift,
+                                  c);
         if ((i + 1) % LN_BLOCK == 0 || i + 1 == d) {
             LN_FN(flush)(t1, l1);
             LN_FN(flush)(t2, l2);
