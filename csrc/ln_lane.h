@@ -166,6 +166,9 @@ LN_ALWAYS_INLINE void LN_FN(apply_short)(const LN_S *x, LN_S *y, size_t d, LN_T 
 #undef LN_GROUP_SHORT
 #define LN_GROUP_SHORT (sizeof(LN_T) == 8 ? LN_SHORT : 2 * LN_LANES)
 _Static_assert(2 * LN_LANES <= LN_BLOCK, "two lane rows make one block");
+/* The short groups' statistics are the two-pass ones (ln_contract.h, item
+ * 5): no record they take may be one the contract computes in one pass. */
+_Static_assert(LN_GROUP_SHORT <= LN_ONE_PASS_MIN_D, "short groups are two-pass records");
 
 /* Is a record of d features short (done in groups)? */
 LN_ALWAYS_INLINE int LN_FN(is_short)(size_t d) { return d <= LN_GROUP_SHORT; }
@@ -522,17 +525,11 @@ static void LN_FN(sum_shifted_squares)(const LN_S *x, size_t d, LN_T shift, LN_T
         size_t end = d - i > LN_BLOCK ? i + LN_BLOCK : d;
         for (; i + LN_LANES <= end; i += LN_LANES) {
             LN_ROW_DECL(xr_, x + i);
-            for (size_t j = 0; j < LN_LANES; j++) {
-                LN_T v = LN_ROW_GET(xr_, x + i, j);
-                a[j] += v - shift;
-                q[j] = LN_FN(add_square)(q[j], v - c);
-            }
+            for (size_t j = 0; j < LN_LANES; j++)
+                LN_FN(add_shifted_square)(&a[j], &q[j], LN_ROW_GET(xr_, x + i, j), shift, c);
         }
-        for (size_t j = 0; i + j < end; j++) {
-            LN_T v = LN_LOAD(x + i + j);
-            a[j] += v - shift;
-            q[j] = LN_FN(add_square)(q[j], v - c);
-        }
+        for (size_t j = 0; i + j < end; j++)
+            LN_FN(add_shifted_square)(&a[j], &q[j], LN_LOAD(x + i + j), shift, c);
         i = end;
         LN_FN(flush)(t1, a);
         LN_FN(flush)(t2, q);
