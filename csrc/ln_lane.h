@@ -190,6 +190,28 @@ LN_ALWAYS_INLINE void LN_FN(group_tree)(double t[LN_LANES][LN_SHORT_GROUP], size
                 t[j][k] += t[j + h][k];
 }
 
+/* dst[c][r] = src[r][c] for r < nr, c < nc (ds and ss the rows' strides,
+ * in elements): the short groups' moves between rows and their
+ * transposed layout, data moves only. A level may give 8 x 8 blocks of
+ * floats (LN_TRANSPOSE8_F32): element by element, every float was moved
+ * on its own, three times per record in the backward. */
+LN_ALWAYS_INLINE void LN_FN(transpose)(LN_T *restrict dst, size_t ds, const LN_T *restrict src,
+                                       size_t ss, size_t nr, size_t nc)
+{
+#if defined(LN_TRANSPOSE8_F32)
+    if (sizeof(LN_T) == sizeof(float) && nr % 8 == 0 && nc % 8 == 0) {
+        for (size_t r = 0; r < nr; r += 8)
+            for (size_t c = 0; c < nc; c += 8)
+                LN_TRANSPOSE8_F32((float *)(dst + c * ds + r), ds,
+                                  (const float *)(src + r * ss + c), ss);
+        return;
+    }
+#endif
+    for (size_t c = 0; c < nc; c++)
+        for (size_t r = 0; r < nr; r++)
+            dst[c * ds + r] = src[r * ss + c];
+}
+
 /* Record k's row into rows[k] (zeros past d): the first lane row in
  * [0, w), a second one (d > LN_LANES) in [LN_LANES, 2 LN_LANES). */
 LN_ALWAYS_INLINE void LN_FN(group_load)(LN_T rows[LN_SHORT_GROUP][2 * LN_LANES], const char *x,
@@ -256,9 +278,7 @@ LN_ALWAYS_INLINE void LN_FN(group_stats_w)(LN_FN(short_group) *g, const char *x,
     double t[LN_LANES][LN_SHORT_GROUP], mean[LN_SHORT_GROUP], dd = (double)d;
     size_t wv = d > LN_LANES ? 2 * LN_LANES : w; /* the rows' width */
     LN_FN(group_load)(rows, x, x_row, n, d, w);
-    for (size_t j = 0; j < wv; j++)
-        for (size_t k = 0; k < LN_SHORT_GROUP; k++)
-            v[j][k] = rows[k][j];
+    LN_FN(transpose)(&v[0][0], LN_SHORT_GROUP, &rows[0][0], 2 * LN_LANES, LN_SHORT_GROUP, wv);
     for (size_t k = 0; k < LN_SHORT_GROUP; k++)
         hi[k] = lo[k] = 0;
     if (rms) {
@@ -366,9 +386,7 @@ LN_ALWAYS_INLINE void LN_FN(group_output_d)(LN_FN(short_group) *g, char *y, ptrd
             g->v[j][k] = LN_FN(affine)(LN_FN(normalize)(g->v[j][k], g->hi[k], r[k], c[k]),
                                        wp, bp, j);
     LN_T rows[LN_SHORT_GROUP][2 * LN_LANES];
-    for (size_t j = 0; j < w; j++)
-        for (size_t k = 0; k < LN_SHORT_GROUP; k++)
-            rows[k][j] = g->v[j][k];
+    LN_FN(transpose)(&rows[0][0], 2 * LN_LANES, &g->v[0][0], LN_SHORT_GROUP, w, LN_SHORT_GROUP);
 #if defined(LN_STREAM_BYTES)
     int all = 1;
     for (size_t k = 0; k < n; k++)
@@ -1010,11 +1028,9 @@ LN_ALWAYS_INLINE void LN_FN(back_group_sums)(LN_FN(back_group) *bg, const char *
     LN_T rows[LN_SHORT_GROUP][2 * LN_LANES];
     LN_FN(group_load)(rows, x, x_row, n, d, w);
     LN_FN(group_load)(bg->dyr, dy, dy_row, n, d, w);
-    for (size_t j = 0; j < w; j++)
-        for (size_t k = 0; k < LN_SHORT_GROUP; k++) {
-            bg->x[j][k] = rows[k][j];
-            bg->dy[j][k] = bg->dyr[k][j];
-        }
+    LN_FN(transpose)(&bg->x[0][0], LN_SHORT_GROUP, &rows[0][0], 2 * LN_LANES, LN_SHORT_GROUP, w);
+    LN_FN(transpose)(&bg->dy[0][0], LN_SHORT_GROUP, &bg->dyr[0][0], 2 * LN_LANES,
+                     LN_SHORT_GROUP, w);
     for (size_t k = 0; k < LN_SHORT_GROUP; k++)
         bg->mean[k] = 0.0;
     if (!rms && !given) {
@@ -1122,11 +1138,8 @@ LN_ALWAYS_INLINE void LN_FN(back_group_output)(const LN_FN(back_group) *bg, char
             o[j][k] = LN_FN(grad_input)(g, xh[j][k], a[k], bm[k], r[k]);
         }
     LN_T rows[LN_SHORT_GROUP][2 * LN_LANES], xr[LN_SHORT_GROUP][LN_LANES];
-    for (size_t j = 0; j < w; j++)
-        for (size_t k = 0; k < LN_SHORT_GROUP; k++) {
-            rows[k][j] = o[j][k];
-            xr[k][j] = xh[j][k];
-        }
+    LN_FN(transpose)(&rows[0][0], 2 * LN_LANES, &o[0][0], LN_SHORT_GROUP, w, LN_SHORT_GROUP);
+    LN_FN(transpose)(&xr[0][0], LN_LANES, &xh[0][0], LN_SHORT_GROUP, w, LN_SHORT_GROUP);
     for (size_t k = 0; k < n; k++)
         if (keep[k])
             LN_FN(group_store_row)((LN_S *)(dx + (ptrdiff_t)k * dx_row), rows[k], d, w);

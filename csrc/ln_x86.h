@@ -181,6 +181,32 @@ static inline void ln_store_part_f64(double *p, const double *v, size_t n, size_
     }
 }
 
+/* An 8 x 8 block of floats transposed: dst[c * ds + r] = src[r * ss + c]
+ * (the short groups' rows into their transposed layout and back,
+ * ln_lane.h; element by element, GCC moved each float on its own). */
+static inline void ln_transpose8_f32(float *dst, size_t ds, const float *src, size_t ss)
+{
+    __m256 r[8], t[8];
+    for (int i = 0; i < 8; i++)
+        r[i] = _mm256_loadu_ps(src + (size_t)i * ss);
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4) {
+        r[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+        r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xee);
+        r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+        r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xee);
+    }
+    for (int i = 0; i < 4; i++) {
+        _mm256_storeu_ps(dst + (size_t)i * ds, _mm256_permute2f128_ps(r[i], r[i + 4], 0x20));
+        _mm256_storeu_ps(dst + (size_t)(i + 4) * ds,
+                         _mm256_permute2f128_ps(r[i], r[i + 4], 0x31));
+    }
+}
+#define LN_TRANSPOSE8_F32 ln_transpose8_f32
+
 #define LN_LOAD_PART_F32 ln_load_part_f32
 #define LN_STORE_PART_F32 ln_store_part_f32
 #define LN_STORE_PART_F64 ln_store_part_f64
