@@ -193,8 +193,9 @@ LN_ALWAYS_INLINE void LN_FN(group_tree)(double t[LN_LANES][LN_SHORT_GROUP], size
 /* dst[c][r] = src[r][c] for r < nr, c < nc (ds and ss the rows' strides,
  * in elements): the short groups' moves between rows and their
  * transposed layout, data moves only. A level may give 8 x 8 blocks of
- * floats (LN_TRANSPOSE8_F32): element by element, every float was moved
- * on its own, three times per record in the backward. */
+ * floats and 4 x 4 of doubles (LN_TRANSPOSE8_F32, LN_TRANSPOSE4_F64):
+ * element by element, every value was moved on its own, three times per
+ * record in the backward. */
 LN_ALWAYS_INLINE void LN_FN(transpose)(LN_T *restrict dst, size_t ds, const LN_T *restrict src,
                                        size_t ss, size_t nr, size_t nc)
 {
@@ -204,6 +205,15 @@ LN_ALWAYS_INLINE void LN_FN(transpose)(LN_T *restrict dst, size_t ds, const LN_T
             for (size_t c = 0; c < nc; c += 8)
                 LN_TRANSPOSE8_F32((float *)(dst + c * ds + r), ds,
                                   (const float *)(src + r * ss + c), ss);
+        return;
+    }
+#endif
+#if defined(LN_TRANSPOSE4_F64)
+    if (sizeof(LN_T) == sizeof(double) && nr % 4 == 0 && nc % 4 == 0) {
+        for (size_t r = 0; r < nr; r += 4)
+            for (size_t c = 0; c < nc; c += 4)
+                LN_TRANSPOSE4_F64((double *)(dst + c * ds + r), ds,
+                                  (const double *)(src + r * ss + c), ss);
         return;
     }
 #endif

@@ -207,6 +207,23 @@ static inline void ln_transpose8_f32(float *dst, size_t ds, const float *src, si
 }
 #define LN_TRANSPOSE8_F32 ln_transpose8_f32
 
+/* The same for a 4 x 4 block of doubles. */
+static inline void ln_transpose4_f64(double *dst, size_t ds, const double *src, size_t ss)
+{
+    __m256d r[4], t[4];
+    for (int i = 0; i < 4; i++)
+        r[i] = _mm256_loadu_pd(src + (size_t)i * ss);
+    for (int i = 0; i < 4; i += 2) {
+        t[i] = _mm256_unpacklo_pd(r[i], r[i + 1]);
+        t[i + 1] = _mm256_unpackhi_pd(r[i], r[i + 1]);
+    }
+    _mm256_storeu_pd(dst, _mm256_permute2f128_pd(t[0], t[2], 0x20));
+    _mm256_storeu_pd(dst + ds, _mm256_permute2f128_pd(t[1], t[3], 0x20));
+    _mm256_storeu_pd(dst + 2 * ds, _mm256_permute2f128_pd(t[0], t[2], 0x31));
+    _mm256_storeu_pd(dst + 3 * ds, _mm256_permute2f128_pd(t[1], t[3], 0x31));
+}
+#define LN_TRANSPOSE4_F64 ln_transpose4_f64
+
 #define LN_LOAD_PART_F32 ln_load_part_f32
 #define LN_STORE_PART_F32 ln_store_part_f32
 #define LN_STORE_PART_F64 ln_store_part_f64
