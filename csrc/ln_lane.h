@@ -149,7 +149,8 @@ LN_ALWAYS_INLINE void LN_FN(apply_short)(const LN_S *x, LN_S *y, size_t d, LN_T 
  * subtraction of the shift, the conversion to double, each level of the
  * tree, the divisions and square roots, the outputs) is one vector
  * operation across LN_SHORT_GROUP records. The rows are moved in and out
- * of that layout element by element. Same operations in the same order as
+ * of that layout by LN_FN(transpose) (vector blocks where the level has
+ * them). Same operations in the same order as
  * the one-record short path (the tree over w lanes, w a power of two >= d:
  * lanes past d hold +0.0 and change nothing), so the same bits.
  */
