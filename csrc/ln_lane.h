@@ -191,30 +191,33 @@ LN_ALWAYS_INLINE void LN_FN(group_tree)(double t[LN_LANES][LN_SHORT_GROUP], size
                 t[j][k] += t[j + h][k];
 }
 
+/* A square block of LN_TBLOCK x LN_TBLOCK values transposed by the
+ * level's hooks (x86: 8 floats or 4 doubles, one AVX register a row). */
+#undef LN_TBLOCK
+#if defined(LN_TRANSPOSE8_F32) && defined(LN_TRANSPOSE4_F64)
+#define LN_TBLOCK (sizeof(LN_T) == sizeof(float) ? (size_t)8 : (size_t)4)
+LN_ALWAYS_INLINE void LN_FN(transpose_block)(LN_T *dst, size_t ds, const LN_T *src, size_t ss)
+{
+    if (sizeof(LN_T) == sizeof(float))
+        LN_TRANSPOSE8_F32((float *)dst, ds, (const float *)src, ss);
+    else
+        LN_TRANSPOSE4_F64((double *)dst, ds, (const double *)src, ss);
+}
+#endif
+
 /* dst[c][r] = src[r][c] for r < nr, c < nc (ds and ss the rows' strides,
  * in elements): the short groups' moves between rows and their
- * transposed layout, data moves only. A level may give 8 x 8 blocks of
- * floats and 4 x 4 of doubles (LN_TRANSPOSE8_F32, LN_TRANSPOSE4_F64):
- * element by element, every value was moved on its own, three times per
- * record in the backward. */
+ * transposed layout, data moves only, in blocks where the level gives
+ * them: element by element, every value was moved on its own, three
+ * times per record in the backward. */
 LN_ALWAYS_INLINE void LN_FN(transpose)(LN_T *restrict dst, size_t ds, const LN_T *restrict src,
                                        size_t ss, size_t nr, size_t nc)
 {
-#if defined(LN_TRANSPOSE8_F32)
-    if (sizeof(LN_T) == sizeof(float) && nr % 8 == 0 && nc % 8 == 0) {
-        for (size_t r = 0; r < nr; r += 8)
-            for (size_t c = 0; c < nc; c += 8)
-                LN_TRANSPOSE8_F32((float *)(dst + c * ds + r), ds,
-                                  (const float *)(src + r * ss + c), ss);
-        return;
-    }
-#endif
-#if defined(LN_TRANSPOSE4_F64)
-    if (sizeof(LN_T) == sizeof(double) && nr % 4 == 0 && nc % 4 == 0) {
-        for (size_t r = 0; r < nr; r += 4)
-            for (size_t c = 0; c < nc; c += 4)
-                LN_TRANSPOSE4_F64((double *)(dst + c * ds + r), ds,
-                                  (const double *)(src + r * ss + c), ss);
+#if defined(LN_TBLOCK)
+    if (nr % LN_TBLOCK == 0 && nc % LN_TBLOCK == 0) {
+        for (size_t r = 0; r < nr; r += LN_TBLOCK)
+            for (size_t c = 0; c < nc; c += LN_TBLOCK)
+                LN_FN(transpose_block)(dst + c * ds + r, ds, src + r * ss + c, ss);
         return;
     }
 #endif
