@@ -482,7 +482,8 @@ def test_exact_sums_state_rounds_once_to_double_and_to_float():
     """The final rounding of the exact sums, on states made directly: level
     totals T0, T1, T2 (the sum is (T0 2^100 + T1 2^50 + T2) 2^-86) of every
     size the rounding paths see (T1 below and above 2^52, T2 above 2^50,
-    T0 nonzero), with ties, both to double (53 bits) and to float (24)."""
+    T0 nonzero), with ties and near ties, both to double (53 bits) and to
+    float (24)."""
     from fractions import Fraction
     from layernorm_c import _core
     rng = np.random.default_rng(4)
@@ -495,6 +496,15 @@ def test_exact_sums_state_rounds_once_to_double_and_to_float():
             p = int(rng.choice([24, 53]))
             k = int(rng.integers(2**(p - 1), 2**p))
             v = (2 * k + 1) << int(rng.integers(0, 60))
+            v = -v if rng.random() < 0.5 else v
+            t0, t1, t2 = 0, v >> 50, v & (2**50 - 1)
+        elif rng.random() < 0.3:
+            # near a tie at 24 bits: off it by less than a double's last
+            # place, so that A + B rounded to double lands on the tie
+            k = int(rng.integers(2**23, 2**24))
+            s = int(rng.integers(30, 48))
+            off = int(rng.integers(1, 2**(s - 29))) * int(rng.choice([-1, 1]))
+            v = ((2 * k + 1) << s) + off
             v = -v if rng.random() < 0.5 else v
             t0, t1, t2 = 0, v >> 50, v & (2**50 - 1)
         rows.append((t0, t1, t2))
