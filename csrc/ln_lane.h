@@ -783,6 +783,7 @@ LN_ALWAYS_INLINE void LN_FN(back_sums_step)(LN_T l0[LN_MAXW], LN_T l1[LN_MAXW],
     mt[j] = at > mt[j] ? at : mt[j];
 }
 
+#if !defined(LN_BACK_SUMS_ROWS) /* else the level's own loop, below */
 /* A part's block lanes into its totals, out of line: inlined into
  * back_sums_part, GCC turned this flush into scalar conversions. */
 static LN_NOINLINE void LN_FN(flush_part)(double *total, LN_T *lane)
@@ -832,21 +833,30 @@ LN_ALWAYS_INLINE void LN_FN(back_sums_part)(const LN_S *x, const LN_S *dy,
         mt_all[j0 + j] = mt[j % LN_MAXW];
     }
 }
+#endif
 
 /* The four sums of ln_back_sums in lane form (the order of ln_ref.h). */
 static void LN_FN(back_sums)(const LN_S *x, const LN_S *dy, const LN_P *restrict w,
                              size_t d, LN_T m0, ln_back_sums *s)
 {
     double tot[4][LN_LANES]; /* every lane written by its part */
+#if defined(LN_BACK_SUMS_ROWS)
+    /* The level's own loop (ln_x86.h), in the same order. */
+    float max_dy, max_t;
+    LN_BACK_SUMS_ROWS(x, dy, w, d, m0, tot, &max_dy, &max_t);
+    s->max_dy = max_dy;
+    s->max_t = max_t;
+#else
     LN_T mdy[LN_LANES], mt[LN_LANES];
     for (size_t j0 = 0; j0 < LN_LANES; j0 += LN_PART)
         LN_FN(back_sums_part)(x, dy, w, d, j0, m0, tot, mdy, mt);
+    s->max_dy = LN_FN(lane_max)(mdy, LN_LANES);
+    s->max_t = LN_FN(lane_max)(mt, LN_LANES);
+#endif
     s->st = ln_tree_sum(tot[0]);
     s->stt = ln_tree_sum(tot[1]);
     s->g = ln_tree_sum(tot[2]);
     s->gt = ln_tree_sum(tot[3]);
-    s->max_dy = LN_FN(lane_max)(mdy, LN_LANES);
-    s->max_t = LN_FN(lane_max)(mt, LN_LANES);
 }
 #undef LN_PART
 #undef LN_MAXW

@@ -36,6 +36,9 @@
 #define LN_FN(f) f##_f16
 #define LN_LOAD(p) LN_H2F(*(p))
 #define LN_STORE(p, v) (*(p) = LN_F2H(v))
+#if defined(LN_BACK_SUMS_F16)
+#define LN_BACK_SUMS_ROWS LN_BACK_SUMS_F16
+#endif
 #if defined(LN_LOAD_ROW_F16)
 #define LN_LOAD_ROW LN_LOAD_ROW_F16
 #define LN_STORE_ROW LN_STORE_ROW_F16
@@ -47,6 +50,7 @@
 #undef LN_STORE_ROW
 #undef LN_LOAD_PART
 #undef LN_STORE_PART
+#undef LN_BACK_SUMS_ROWS
 #define LN_CORE(f) f##_f16
 #define LN_WIDE(f) f##_f16_wide
 #define LN_OPS(f) f##_f16
@@ -69,6 +73,9 @@
 #define LN_FN(f) f##_bf16
 #define LN_LOAD(p) ln_bf16_to_float(*(p))
 #define LN_STORE(p, v) (*(p) = ln_float_to_bf16(v))
+#if defined(LN_BACK_SUMS_BF16)
+#define LN_BACK_SUMS_ROWS LN_BACK_SUMS_BF16
+#endif
 #if defined(LN_LOAD_ROW_BF16)
 #define LN_LOAD_ROW LN_LOAD_ROW_BF16
 #define LN_STORE_ROW LN_STORE_ROW_BF16
@@ -85,6 +92,7 @@
 #undef LN_STORE_ROW
 #undef LN_LOAD_PART
 #undef LN_STORE_PART
+#undef LN_BACK_SUMS_ROWS
 #define LN_CORE(f) f##_bf16
 #define LN_WIDE(f) f##_bf16_wide
 #define LN_OPS(f) f##_bf16
@@ -107,6 +115,9 @@
 #define LN_FN(f) f##_f32
 #define LN_LOAD(p) (*(p))
 #define LN_STORE(p, v) (*(p) = (v))
+#if defined(LN_BACK_SUMS_F32)
+#define LN_BACK_SUMS_ROWS LN_BACK_SUMS_F32
+#endif
 #if defined(LN_LOAD_PART_F32)
 #define LN_LOAD_PART LN_LOAD_PART_F32
 #define LN_STORE_PART LN_STORE_PART_F32
@@ -114,6 +125,7 @@
 #include "ln_instance.h"
 #undef LN_LOAD_PART
 #undef LN_STORE_PART
+#undef LN_BACK_SUMS_ROWS
 #define LN_CORE(f) f##_f32
 #define LN_WIDE(f) f##_f32_wide
 #define LN_OPS(f) f##_f32

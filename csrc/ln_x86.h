@@ -345,6 +345,169 @@ static inline void ln_store_row_bf16(uint16_t *p, const float *v)
 #define LN_LOAD_ROW_BF16 ln_load_row_bf16
 #define LN_STORE_ROW_BF16 ln_store_row_bf16
 
+/* ---- the backward's sums, AVX2 ---------------------------------------- */
+#if LN_VEC_BYTES == 32
+/*
+ * back_sums of ln_lane.h (the four sums of ln_contract.h, item 10, and the
+ * two maxima) with its lanes in registers: sixteen lanes at a time (two
+ * registers per sum; all 32 would take the 16 registers four times over),
+ * each pass over the whole record, and the block lanes flushed into the
+ * double totals in registers. The lane form's loop keeps the same order
+ * but flushed out of line through the stack, and its float16 and bfloat16
+ * rows took all 32 lanes at once and spilled: about half of its time at
+ * d = 768 went outside the loop. Every lane sees the same operations in
+ * the same order: the same bits.
+ */
+enum { LN_ROWS_F32, LN_ROWS_F16, LN_ROWS_BF16 };
+
+/* Eight elements of a row at p as floats (exact conversions), and the
+ * first n < 8 of them with zeros beyond (nothing past n is read). */
+static inline __m256 ln_load8(const void *p, int kind)
+{
+    if (kind == LN_ROWS_F16)
+        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+    if (kind == LN_ROWS_BF16)
+        return ln_float_of_bf16(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_loadu_ps((const float *)p);
+}
+
+static inline __m256 ln_load8_first(const void *p, size_t n, int kind)
+{
+    if (kind == LN_ROWS_F32) {
+        __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n),
+                                       _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        return _mm256_maskload_ps((const float *)p, m);
+    }
+    uint16_t buf[8] = {0};
+    memcpy(buf, p, n * sizeof *buf);
+    return ln_load8(buf, kind);
+}
+
+/* Eight lanes' block sums (of t, t^2, g and g t) and the running maxima
+ * of |dy| and |t|. */
+typedef struct {
+    __m256 l[4];
+} ln_back_lanes8;
+
+/* One element per lane: ln_lane.h's back_sums_step. */
+static inline void ln_back_step8(ln_back_lanes8 *s, __m256 *mdy, __m256 *mt, __m256 xv,
+                                 __m256 dyv, __m256 wv, __m256 m0)
+{
+    const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    __m256 t = _mm256_sub_ps(xv, m0), g = _mm256_mul_ps(dyv, wv);
+    s->l[0] = _mm256_add_ps(s->l[0], t);
+    s->l[1] = _mm256_fmadd_ps(t, t, s->l[1]);
+    s->l[2] = _mm256_add_ps(s->l[2], g);
+    s->l[3] = _mm256_fmadd_ps(g, t, s->l[3]);
+    *mdy = _mm256_max_ps(_mm256_and_ps(dyv, abs_mask), *mdy);
+    *mt = _mm256_max_ps(_mm256_and_ps(t, abs_mask), *mt);
+}
+
+/* The record's last, partial lane row: lanes below n take their element,
+ * the others keep what they had. */
+static inline void ln_back_step8_first(ln_back_lanes8 *s, __m256 *mdy, __m256 *mt,
+                                       const void *x, const void *dy, const float *w,
+                                       size_t n, __m256 m0, int kind)
+{
+    if (n == 0)
+        return;
+    __m256 keep = _mm256_castsi256_ps(_mm256_cmpgt_epi32(
+        _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32((int)n - 1)));
+    ln_back_lanes8 next = *s;
+    __m256 ndy = *mdy, nt = *mt;
+    ln_back_step8(&next, &ndy, &nt, ln_load8_first(x, n, kind), ln_load8_first(dy, n, kind),
+                  ln_load8_first(w, n, LN_ROWS_F32), m0);
+    for (int q = 0; q < 4; q++)
+        s->l[q] = _mm256_blendv_ps(next.l[q], s->l[q], keep);
+    *mdy = _mm256_blendv_ps(ndy, *mdy, keep);
+    *mt = _mm256_blendv_ps(nt, *mt, keep);
+}
+
+/* End of a block: eight block lanes into their double totals. */
+static inline void ln_back_flush8(double tot[4][LN_LANES], size_t j, const ln_back_lanes8 *s)
+{
+    for (int q = 0; q < 4; q++) {
+        __m256d lo = _mm256_cvtps_pd(_mm256_castps256_ps128(s->l[q]));
+        __m256d hi = _mm256_cvtps_pd(_mm256_extractf128_ps(s->l[q], 1));
+        _mm256_storeu_pd(tot[q] + j, _mm256_add_pd(_mm256_loadu_pd(tot[q] + j), lo));
+        _mm256_storeu_pd(tot[q] + j + 4, _mm256_add_pd(_mm256_loadu_pd(tot[q] + j + 4), hi));
+    }
+}
+
+static inline float ln_hmax8(__m256 v)
+{
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
+    return _mm_cvtss_f32(m);
+}
+
+/* The totals (lane by lane, before the tree) and the maxima of a
+ * record's backward sums around m0; rows of `kind`, weights float. */
+static inline __attribute__((always_inline)) void
+ln_back_sums_rows(const void *x, const void *dy, const float *w, size_t d, float m0,
+                  double tot[4][LN_LANES], float *max_dy, float *max_t, int kind)
+{
+    const size_t es = kind == LN_ROWS_F32 ? 4 : 2;
+    const char *xb = x, *db = dy;
+    const __m256 vm0 = _mm256_set1_ps(m0);
+    __m256 mdy = _mm256_setzero_ps(), mt = _mm256_setzero_ps();
+    memset(tot, 0, 4 * LN_LANES * sizeof(double));
+    for (size_t j0 = 0; j0 < LN_LANES; j0 += 16) {
+        for (size_t i = 0; i < d;) {
+            size_t end = d - i > LN_BLOCK ? i + LN_BLOCK : d;
+            ln_back_lanes8 a = {{_mm256_setzero_ps(), _mm256_setzero_ps(),
+                                 _mm256_setzero_ps(), _mm256_setzero_ps()}};
+            ln_back_lanes8 b = a;
+            for (; i + LN_LANES <= end; i += LN_LANES) {
+                size_t k = i + j0;
+                ln_back_step8(&a, &mdy, &mt, ln_load8(xb + k * es, kind),
+                              ln_load8(db + k * es, kind), _mm256_loadu_ps(w + k), vm0);
+                ln_back_step8(&b, &mdy, &mt, ln_load8(xb + (k + 8) * es, kind),
+                              ln_load8(db + (k + 8) * es, kind), _mm256_loadu_ps(w + k + 8),
+                              vm0);
+            }
+            if (i + j0 < end) { /* the partial lane row at the record's end */
+                size_t k = i + j0, n = end - k;
+                ln_back_step8_first(&a, &mdy, &mt, xb + k * es, db + k * es, w + k,
+                                    n < 8 ? n : 8, vm0, kind);
+                if (n > 8)
+                    ln_back_step8_first(&b, &mdy, &mt, xb + (k + 8) * es, db + (k + 8) * es,
+                                        w + k + 8, n - 8 < 8 ? n - 8 : 8, vm0, kind);
+            }
+            ln_back_flush8(tot, j0, &a);
+            ln_back_flush8(tot, j0 + 8, &b);
+            i = end;
+        }
+    }
+    *max_dy = ln_hmax8(mdy);
+    *max_t = ln_hmax8(mt);
+}
+
+static void ln_back_sums_f32(const float *x, const float *dy, const float *w, size_t d,
+                             float m0, double tot[4][LN_LANES], float *max_dy, float *max_t)
+{
+    ln_back_sums_rows(x, dy, w, d, m0, tot, max_dy, max_t, LN_ROWS_F32);
+}
+
+static void ln_back_sums_f16(const uint16_t *x, const uint16_t *dy, const float *w, size_t d,
+                             float m0, double tot[4][LN_LANES], float *max_dy, float *max_t)
+{
+    ln_back_sums_rows(x, dy, w, d, m0, tot, max_dy, max_t, LN_ROWS_F16);
+}
+
+static void ln_back_sums_bf16(const uint16_t *x, const uint16_t *dy, const float *w, size_t d,
+                              float m0, double tot[4][LN_LANES], float *max_dy, float *max_t)
+{
+    ln_back_sums_rows(x, dy, w, d, m0, tot, max_dy, max_t, LN_ROWS_BF16);
+}
+_Static_assert(LN_LANES % 16 == 0 && LN_BLOCK % LN_LANES == 0,
+               "back sums take lanes 16 at a time, blocks of whole lane rows");
+#define LN_BACK_SUMS_F32 ln_back_sums_f32
+#define LN_BACK_SUMS_F16 ln_back_sums_f16
+#define LN_BACK_SUMS_BF16 ln_back_sums_bf16
+#endif
+
 #define LN_LOAD_ROW_F16 ln_load_row_f16
 #define LN_STORE_ROW_F16 ln_store_row_f16
 #define LN_LOAD_PART_F16 ln_load_part_f16

@@ -9,7 +9,7 @@ from hypothesis import given, settings, strategies as st
 from hypothesis.extra import numpy as hnp
 
 import layernorm_c as lnc
-from cases import F16, F32, F64, FLOAT_DTYPES, LAYOUTS
+from cases import BLOCK, F16, F32, F64, FLOAT_DTYPES, LANES, LAYOUTS
 from core_strategies import assert_same_bits
 
 
@@ -214,6 +214,48 @@ def test_bit_identical_across_levels_and_threads(dtype, restore_settings):
                 continue
             for name, a, b in zip(g._fields, g, want):
                 assert_same_bits(a, b, f"{name} ({isa}, {threads} threads)")
+
+
+def _backward_dtypes():
+    """float16/32/64, and bfloat16 when ml_dtypes is installed."""
+    try:
+        import ml_dtypes
+    except ImportError:
+        return list(FLOAT_DTYPES)
+    return list(FLOAT_DTYPES) + [np.dtype(ml_dtypes.bfloat16)]
+
+
+BACKWARD_WIDTHS = (list(range(33, 4 * LANES + 3)) +
+                   [BLOCK - 1, BLOCK, BLOCK + 1, BLOCK + 17, 2 * BLOCK - 9, 3 * BLOCK,
+                    4 * BLOCK + 23, 16 * BLOCK + 3])
+
+
+def test_every_isa_matches_scalar_on_the_backwards_tails(restore_settings):
+    """The backward's sums and dx at every tail of the lane rows and of
+    the per-part registers (d past the short groups, up to four lane
+    rows), and across block ends: every level gives the scalar level's
+    bits for dx, dweight and dbias, of LayerNorm (with and without the
+    forward's mean) and of RMSNorm, in every dtype."""
+    rng = np.random.default_rng(29)
+    for dtype in _backward_dtypes():
+        for d in BACKWARD_WIDTHS:
+            x = (rng.standard_normal((3, d)) * 2 + 5).astype(dtype)
+            dy = rng.standard_normal((3, d)).astype(dtype)
+            w = rng.uniform(0.5, 2, d).astype(dtype)
+            mean = lnc.layer_norm(x, w, return_stats=True).mean
+
+            def calls():
+                return {"ln": lnc.layer_norm_backward(dy, x, w),
+                        "ln, mean given": lnc.layer_norm_backward(dy, x, w, mean=mean),
+                        "rms": lnc.rms_norm_backward(dy, x, w)}
+
+            lnc.set_isa("scalar")
+            want = calls()
+            for isa in lnc.supported_isas():
+                lnc.set_isa(isa)
+                for op, g in calls().items():
+                    for name, u, v in zip(g._fields, g, want[op]):
+                        assert_same_bits(u, v, f"{name} of {op} ({isa}, {dtype}, d={d})")
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
