@@ -539,26 +539,93 @@ static void LN_OPS(back_finish)(const ln_rows *r, const LN_OPS(back_prep) *p, si
 }
 
 #if defined(LN_HAS_SHORT_ROWS)
-/* Can record k of a short group, with the group's sums s, first-pass
- * mean, and coefficients c (coef_of's, which returned rc), be finished
- * by the group? Only when every decision of back_record comes out
- * plain: a valid eps, (without a given mean) the first-pass mean kept,
- * finite coefficients in the core type's range and a vector deposit
- * path, then in *path. Any other record goes to back_record. */
-static int LN_OPS(back_short_plain)(const ln_rows *r, size_t k, const ln_back_sums *s,
-                                    double mean, const ln_back_coef *c, int rc, int rms,
-                                    int *path)
+/* The coefficients of a group's records and which of them the group
+ * finishes: coef_of and back_short_plain for each record, the same
+ * operations, in loops across the group that the compiler vectorizes
+ * (record by record, their divisions, square roots and branches had taken
+ * a fifth of a float32 (1e6, 16) backward). A record whose eps is invalid,
+ * or whose var + eps overflows (ln_inverse_std's other formula), is left
+ * to back_record, which computes it alone, as are records past n. */
+typedef struct {
+    ln_back_coef c[LN_SHORT_GROUP];
+    int keep[LN_SHORT_GROUP];
+    int levels; /* 3 when a kept record deposits all three levels, else 2 */
+} LN_OPS(group_coef);
+
+/* Sixteen records' coefficients, arithmetic only: a loop per op over
+ * arrays of each field (the compiler vectorizes it; not through an array
+ * of ln_back_coef). */
+typedef struct {
+    double mean[LN_SHORT_GROUP], var[LN_SHORT_GROUP], rstd[LN_SHORT_GROUP];
+    double a[LN_SHORT_GROUP], bm[LN_SHORT_GROUP], md[LN_SHORT_GROUP];
+} LN_OPS(group_values);
+
+LN_ALWAYS_INLINE void LN_OPS(put_coef)(LN_OPS(group_values) *v, size_t k, const ln_back_coef *c)
 {
-    if (rc != 1 || !ln_eps_is_valid(r->eps[k]))
-        return 0;
-    if (!rms && !r->mean && !LN_OPS(forward_var_in_range)(mean, s, r->d))
-        return 0;
-    if (!LN_OPS(coef_in_range)(c))
-        return 0;
-    if (!ln_back_fits(s, c, r->w_max, LN_CT_MIN, LN_CT_MAX))
-        return 0;
-    *path = ln_deposit_path(s, c, r->dw);
-    return *path == LN_DEPOSIT_2 || *path == LN_DEPOSIT_3;
+    v->mean[k] = c->mean;
+    v->var[k] = c->var;
+    v->rstd[k] = c->rstd;
+    v->a[k] = c->a;
+    v->bm[k] = c->bm;
+    v->md[k] = c->md;
+}
+
+LN_ALWAYS_INLINE ln_back_coef LN_OPS(get_coef)(const LN_OPS(group_values) *v, size_t k)
+{
+    return (ln_back_coef){.mean = v->mean[k], .var = v->var[k], .rstd = v->rstd[k],
+                          .a = v->a[k], .bm = v->bm[k], .md = v->md[k]};
+}
+
+static void LN_OPS(group_values_of)(const LN_CORE(back_group) *bg, size_t d,
+                                    const double eps[LN_SHORT_GROUP], int rms,
+                                    LN_OPS(group_values) *v)
+{
+    if (rms) {
+        for (size_t k = 0; k < LN_SHORT_GROUP; k++) {
+            ln_back_sums s = {.stt = bg->stt[k], .gt = bg->gt[k]};
+            ln_back_coef c;
+            ln_rms_coef_values(&s, d, eps[k], &c, 1);
+            LN_OPS(put_coef)(v, k, &c);
+        }
+    } else {
+        for (size_t k = 0; k < LN_SHORT_GROUP; k++) {
+            ln_back_sums s = {.st = bg->st[k], .stt = bg->stt[k], .g = bg->g[k],
+                              .gt = bg->gt[k]};
+            ln_back_coef c;
+            ln_back_coef_values(&s, (double)bg->m0[k], d, eps[k], &c, 1);
+            LN_OPS(put_coef)(v, k, &c);
+        }
+    }
+}
+
+static void LN_OPS(group_coefs)(const LN_CORE(back_group) *bg, const ln_rows *r, size_t k0,
+                                size_t n, int rms, LN_OPS(group_coef) *gc)
+{
+    double eps[LN_SHORT_GROUP];
+    int valid[LN_SHORT_GROUP];
+    for (size_t k = 0; k < LN_SHORT_GROUP; k++) {
+        valid[k] = k < n && ln_eps_is_valid(r->eps[k0 + k]);
+        eps[k] = valid[k] ? r->eps[k0 + k] : 0.0;
+    }
+    LN_OPS(group_values) v;
+    LN_OPS(group_values_of)(bg, r->d, eps, rms, &v);
+    int levels = 2;
+    for (size_t k = 0; k < LN_SHORT_GROUP; k++) {
+        ln_back_sums s = {.st = bg->st[k], .stt = bg->stt[k], .g = bg->g[k], .gt = bg->gt[k],
+                          .max_dy = bg->max_dy[k], .max_t = bg->max_t[k]};
+        ln_back_coef c = LN_OPS(get_coef)(&v, k);
+        int rc = rms ? ln_rms_coef_class(&s, &c) : ln_back_coef_class(&s, &c);
+        int path = ln_deposit_path(&s, &c, r->dw);
+        int keep = valid[k] && rc == 1 && c.var + eps[k] <= DBL_MAX &&
+                   (rms || r->mean || LN_OPS(forward_var_in_range)(bg->mean[k], &s, r->d)) &&
+                   LN_OPS(coef_in_range)(&c) &&
+                   ln_back_fits(&s, &c, r->w_max, LN_CT_MIN, LN_CT_MAX) &&
+                   (path == LN_DEPOSIT_2 || path == LN_DEPOSIT_3);
+        gc->c[k] = c;
+        gc->keep[k] = keep;
+        levels = keep && path == LN_DEPOSIT_3 ? 3 : levels;
+    }
+    gc->levels = levels;
 }
 
 /* The backward of short records a group at a time (ln_lane.h's
@@ -575,40 +642,28 @@ LN_ALWAYS_INLINE int LN_OPS(back_short_rows_d)(const ln_rows *r, int rms, size_t
     LN_CORE(back_group) bg;
     for (size_t k0 = 0; k0 < r->n; k0 += LN_SHORT_GROUP) {
         size_t n = r->n - k0 < LN_SHORT_GROUP ? r->n - k0 : LN_SHORT_GROUP;
-        int keep[LN_SHORT_GROUP] = {0}, levels = 2;
+        int *keep, none[LN_SHORT_GROUP] = {0};
+        LN_OPS(group_coef) gc;
+        keep = none;
         if (n >= LN_SHORT_GROUP_MIN) {
             LN_CT hi[LN_SHORT_GROUP], rs[LN_SHORT_GROUP], off[LN_SHORT_GROUP];
             LN_CT a[LN_SHORT_GROUP], bm[LN_SHORT_GROUP];
             LN_CORE(back_group_sums)(&bg, (const char *)r->x + (ptrdiff_t)k0 * r->x_row,
                                      r->x_row, (const char *)r->dy + (ptrdiff_t)k0 * r->dy_row,
                                      r->dy_row, n, d, wp, r->mean ? r->mean + k0 : NULL, rms);
-            /* every record's coefficients first: independent of one
-             * another, their divisions and square roots overlap */
-            ln_back_sums s[LN_SHORT_GROUP];
-            ln_back_coef c[LN_SHORT_GROUP] = {{0}};
-            int rc[LN_SHORT_GROUP] = {0};
-            for (size_t k = 0; k < n; k++) {
-                s[k] = (ln_back_sums){.st = bg.st[k], .stt = bg.stt[k], .g = bg.g[k],
-                                      .gt = bg.gt[k], .max_dy = bg.max_dy[k],
-                                      .max_t = bg.max_t[k]};
-                rc[k] = LN_OPS(coef_of)(&s[k], (double)bg.m0[k], d, r->eps[k0 + k], &c[k], rms);
-            }
+            LN_OPS(group_coefs)(&bg, r, k0, n, rms, &gc);
+            keep = gc.keep;
             for (size_t k = 0; k < LN_SHORT_GROUP; k++) {
-                int path = LN_DEPOSIT_2;
-                if (k < n)
-                    keep[k] = LN_OPS(back_short_plain)(r, k0 + k, &s[k], bg.mean[k], &c[k],
-                                                       rc[k], rms, &path);
-                if (keep[k] && path == LN_DEPOSIT_3)
-                    levels = 3;
-                hi[k] = (LN_CT)c[k].mean;
-                rs[k] = (LN_CT)c[k].rstd;
-                off[k] = LN_CORE(offset)((LN_CT)(c[k].mean - (double)hi[k]), rs[k]);
-                a[k] = (LN_CT)c[k].a;
-                bm[k] = (LN_CT)c[k].bm;
+                const ln_back_coef *c = &gc.c[k];
+                hi[k] = (LN_CT)c->mean;
+                rs[k] = (LN_CT)c->rstd;
+                off[k] = LN_CORE(offset)((LN_CT)(c->mean - (double)hi[k]), rs[k]);
+                a[k] = (LN_CT)c->a;
+                bm[k] = (LN_CT)c->bm;
             }
             LN_CORE(back_group_output)(&bg, (char *)r->y + (ptrdiff_t)k0 * r->y_row, r->y_row,
                                        n, d, wp, hi, rs, off, a, bm, keep, r->dw, r->db,
-                                       levels);
+                                       gc.levels);
         }
         for (size_t k = 0; k < n; k++) {
             if (keep[k])

@@ -161,40 +161,72 @@ typedef struct {
     double mean, var, rstd, a, bm, md;
 } ln_back_coef;
 
-/* The coefficients (ln_contract.h, items 10 and 11); 1 if the record is finite,
- * 0 if its x is not (or it is constant with eps = 0: 0/0), -1 if only its
- * dy (or dy * weight) is not. */
-static inline int ln_back_coef_of(const ln_back_sums *s, double m0, size_t d, double eps,
-                                  ln_back_coef *c)
+/* ln_inverse_std, or with `common` (a constant where it is inlined) its
+ * common case, for a caller that has checked eps valid and will check var
+ * + eps finite: then the same value, without branches (the short groups
+ * compute sixteen records' coefficients as vectors). */
+static inline double ln_inverse_std_if(double var, double eps, int common)
+{
+    return common ? 1.0 / sqrt(var + eps) : ln_inverse_std(var, eps);
+}
+
+/* The coefficients (ln_contract.h, items 10 and 11), arithmetic only
+ * (`common`: see ln_inverse_std_if) ... */
+static inline void ln_back_coef_values(const ln_back_sums *s, double m0, size_t d, double eps,
+                                       ln_back_coef *c, int common)
 {
     double md = s->st / (double)d;
     double var = s->stt / (double)d - md * md;
     c->md = md;
     c->mean = m0 + md;
     c->var = var > 0.0 ? var : 0.0;
-    c->rstd = ln_inverse_std(c->var, eps);
+    c->rstd = ln_inverse_std_if(c->var, eps, common);
     c->a = s->g / (double)d;
     c->bm = c->rstd * (s->gt - md * s->g) / (double)d;
+}
+
+/* ... and what they tell of the record: 1 if it is finite, 0 if its x is
+ * not (or it is constant with eps = 0: 0/0), -1 if only its dy (or
+ * dy * weight) is not. */
+static inline int ln_back_coef_class(const ln_back_sums *s, const ln_back_coef *c)
+{
     if (!isfinite(s->st + s->stt) || !isfinite(c->mean) || c->rstd > DBL_MAX)
         return 0;
     return isfinite(s->g + s->gt) ? 1 : -1;
 }
 
+static inline int ln_back_coef_of(const ln_back_sums *s, double m0, size_t d, double eps,
+                                  ln_back_coef *c)
+{
+    ln_back_coef_values(s, m0, d, eps, c, 0);
+    return ln_back_coef_class(s, c);
+}
+
 /* RMSNorm's coefficients: mean 0, var the mean square (sum of x^2 / d),
- * a = 0 (no mean to subtract), bm = mean(g * xhat) = rstd * sum(g x) / d.
- * The same return values as ln_back_coef_of. */
-static inline int ln_rms_coef_of(const ln_back_sums *s, size_t d, double eps,
-                                 ln_back_coef *c)
+ * a = 0 (no mean to subtract), bm = mean(g * xhat) = rstd * sum(g x) / d;
+ * the same classes as LayerNorm's. */
+static inline void ln_rms_coef_values(const ln_back_sums *s, size_t d, double eps,
+                                      ln_back_coef *c, int common)
 {
     c->md = 0.0;
     c->mean = 0.0;
     c->var = s->stt / (double)d;
-    c->rstd = ln_inverse_std(c->var, eps);
+    c->rstd = ln_inverse_std_if(c->var, eps, common);
     c->a = 0.0;
     c->bm = c->rstd * s->gt / (double)d;
+}
+
+static inline int ln_rms_coef_class(const ln_back_sums *s, const ln_back_coef *c)
+{
     if (!isfinite(s->stt) || c->rstd > DBL_MAX)
         return 0;
     return isfinite(s->gt) ? 1 : -1;
+}
+
+static inline int ln_rms_coef_of(const ln_back_sums *s, size_t d, double eps, ln_back_coef *c)
+{
+    ln_rms_coef_values(s, d, eps, c, 0);
+    return ln_rms_coef_class(s, c);
 }
 
 /* A bound on the record's |xhat| <= (max|x - m0| + |mean - m0|) * rstd

@@ -29,7 +29,7 @@ SOURCES=()
 for f in "$ROOT"/csrc/ln_*.c; do SOURCES+=("$f"); done
 # -O2 like a release build (the contract must hold there), -g for reports;
 # FUZZ_OPT replaces both (CI: OSS-Fuzz's "-O1 -gline-tables-only", less to compile).
-COMMON=(${FUZZ_OPT:--O2 -g} -std=c11 -ffp-contract=off -fno-fast-math -fno-omit-frame-pointer
+COMMON=(${FUZZ_OPT:--O2 -g} -std=c11 -ffp-contract=off -fno-fast-math -fno-math-errno -fno-omit-frame-pointer
         -Wall -Wextra -Wno-unused-parameter -Wmissing-field-initializers -I"$ROOT/csrc")
 if [ "${FUZZ_SAN:-address}" = thread ]; then
     OBJ="$OUT/tsan-obj"

@@ -42,7 +42,7 @@ else
 fi
 
 # The flags of the extension's build (setup.py), warnings as errors.
-FLAGS=(-O3 -std=c11 -ffp-contract=off -fno-fast-math -Wall -Wextra -Wno-unused-parameter
+FLAGS=(-O3 -std=c11 -ffp-contract=off -fno-fast-math -fno-math-errno -Wall -Wextra -Wno-unused-parameter
        -Wmissing-field-initializers -Werror -I"$ROOT/csrc")
 SOURCES=("$ROOT"/csrc/ln_*.c "$ROOT/tools/cross_check.c")
 

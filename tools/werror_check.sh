@@ -18,7 +18,7 @@ T0=$(date +%s)
 log() { echo "werror_check.sh: $*"; }
 PY_INC="$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')"
 NP_INC="$("$PYTHON" -c 'import numpy; print(numpy.get_include())')"
-WARN=(-std=c11 -ffp-contract=off -fno-fast-math -Wall -Wextra -Wno-unused-parameter
+WARN=(-std=c11 -ffp-contract=off -fno-fast-math -fno-math-errno -Wall -Wextra -Wno-unused-parameter
       -Wmissing-field-initializers -Werror)
 CCS="${CCS:-gcc clang}"
 OUT="$(mktemp -d -t layernorm_c_werror.XXXXXX)"
