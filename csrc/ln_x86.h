@@ -315,19 +315,30 @@ static inline __m256 ln_float_of_bf16(__m128i h)
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
-static inline __m128i ln_bf16_of(__m256 f)
+/* The bfloat16 bits of eight floats, each in the low half of its 32-bit
+ * lane: ln_float_to_bf16's rounding (to nearest even on the bits; a NaN
+ * keeps its top bits, made quiet), the NaNs' blend only when there are
+ * any. */
+static inline __m256i ln_bf16_bits(__m256 f)
 {
-    __m256i u = _mm256_castps_si256(f);
-    __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-    __m256i nearest = _mm256_srli_epi32(
+    __m256i u = _mm256_castps_si256(f), top = _mm256_srli_epi32(u, 16);
+    __m256i lsb = _mm256_and_si256(top, _mm256_set1_epi32(1));
+    __m256i h = _mm256_srli_epi32(
         _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb), 16);
-    __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
-    __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)),
-                                     _mm256_set1_epi32(0x7f800000));
-    __m256i h = _mm256_blendv_epi8(nearest, quiet, nan);
-    /* 32 -> 16 bits (values below 2^16: no saturation), lanes in order. */
-    __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(h, h), 0x08);
-    return _mm256_castsi256_si128(packed);
+    __m256 nan = _mm256_cmp_ps(f, f, _CMP_UNORD_Q);
+    if (_mm256_movemask_ps(nan))
+        h = _mm256_blendv_epi8(h, _mm256_or_si256(top, _mm256_set1_epi32(0x40)),
+                               _mm256_castps_si256(nan));
+    return h;
+}
+
+/* Sixteen floats (lo's eight first) as bfloat16, in order: one pack (32
+ * -> 16 bits, values below 2^16: no saturation) and one lane permute for
+ * both halves. */
+static inline __m256i ln_bf16_of16(__m256 lo, __m256 hi)
+{
+    return _mm256_permute4x64_epi64(_mm256_packus_epi32(ln_bf16_bits(lo), ln_bf16_bits(hi)),
+                                    0xd8);
 }
 
 static inline void ln_load_row_bf16(float *v, const uint16_t *p)
@@ -338,8 +349,10 @@ static inline void ln_load_row_bf16(float *v, const uint16_t *p)
 
 static inline void ln_store_row_bf16(uint16_t *p, const float *v)
 {
-    for (size_t j = 0; j < LN_LANES; j += 8)
-        _mm_storeu_si128((__m128i *)(p + j), ln_bf16_of(_mm256_loadu_ps(v + j)));
+    _Static_assert(LN_LANES % 16 == 0, "bfloat16 rows are stored 16 values at a time");
+    for (size_t j = 0; j < LN_LANES; j += 16)
+        _mm256_storeu_si256((__m256i *)(p + j),
+                            ln_bf16_of16(_mm256_loadu_ps(v + j), _mm256_loadu_ps(v + j + 8)));
 }
 #endif
 #define LN_LOAD_ROW_BF16 ln_load_row_bf16
