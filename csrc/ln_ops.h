@@ -363,12 +363,19 @@ static int LN_OPS(forward_mean)(const LN_S *x, size_t d, ln_spare *spare, double
 #define LN_QUICK_VAR_MIN (100 * LN_F64_VAR_MIN)
 #define LN_QUICK_VAR_MAX (DBL_MAX / 100)
 #endif
-static int LN_OPS(forward_var_in_range)(double mean, const ln_back_sums *s, size_t d)
+/* ... from md = sum t / d and ms = sum t^2 / d (the short groups have
+ * them as vectors) ... */
+LN_ALWAYS_INLINE int LN_OPS(forward_var_ok)(double mean, double md, double ms)
 {
-    double md = s->st / (double)d, ms = s->stt / (double)d;
     double var = ms - md * md;
     return isfinite(mean) && isfinite(md) && md * md <= 0.25 * ms &&
            var >= LN_QUICK_VAR_MIN && var <= LN_QUICK_VAR_MAX;
+}
+
+/* ... or from the sums. */
+static int LN_OPS(forward_var_in_range)(double mean, const ln_back_sums *s, size_t d)
+{
+    return LN_OPS(forward_var_ok)(mean, s->st / (double)d, s->stt / (double)d);
 }
 #undef LN_QUICK_VAR_MIN
 #undef LN_QUICK_VAR_MAX
@@ -609,6 +616,9 @@ static void LN_OPS(group_coefs)(const LN_CORE(back_group) *bg, const ln_rows *r,
     }
     LN_OPS(group_values) v;
     LN_OPS(group_values_of)(bg, r->d, eps, rms, &v);
+    double ms[LN_SHORT_GROUP]; /* forward_var_ok's, vectorized: c.md is its md */
+    for (size_t k = 0; k < LN_SHORT_GROUP; k++)
+        ms[k] = bg->stt[k] / (double)r->d;
     int levels = 2;
     for (size_t k = 0; k < LN_SHORT_GROUP; k++) {
         ln_back_sums s = {.st = bg->st[k], .stt = bg->stt[k], .g = bg->g[k], .gt = bg->gt[k],
@@ -617,7 +627,7 @@ static void LN_OPS(group_coefs)(const LN_CORE(back_group) *bg, const ln_rows *r,
         int rc = rms ? ln_rms_coef_class(&s, &c) : ln_back_coef_class(&s, &c);
         int path = ln_deposit_path(&s, &c, r->dw);
         int keep = valid[k] && rc == 1 && c.var + eps[k] <= DBL_MAX &&
-                   (rms || r->mean || LN_OPS(forward_var_in_range)(bg->mean[k], &s, r->d)) &&
+                   (rms || r->mean || LN_OPS(forward_var_ok)(bg->mean[k], c.md, ms[k])) &&
                    LN_OPS(coef_in_range)(&c) &&
                    ln_back_fits(&s, &c, r->w_max, LN_CT_MIN, LN_CT_MAX) &&
                    (path == LN_DEPOSIT_2 || path == LN_DEPOSIT_3);
