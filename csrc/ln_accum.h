@@ -121,9 +121,21 @@ static inline void ln_acc_count(ln_acc *a, int levels)
         a->count[l]++;
 }
 
+/* The same for a quantity whose terms all lie on the grid of the level
+ * above the lowest: their remainders there are 0, so they skip it
+ * (ln_tmpl.h's ln_deposit_db), and it is not counted. */
+static inline void ln_acc_count_above(ln_acc *a, int levels)
+{
+    a->used = 1;
+    for (int l = LN_ACC_LEVELS - levels; l < LN_ACC_LEVELS - 1; l++)
+        a->count[l]++;
+}
+
+/* Due when either of the lowest two levels (every vector deposit counts
+ * the one above the lowest) is full. */
 static inline void ln_acc_spill_if_due(ln_acc *a)
 {
-    if (a->count[LN_ACC_LEVELS - 1] >= LN_ACC_SPILL)
+    if (a->count[LN_ACC_LEVELS - 2] >= LN_ACC_SPILL || a->count[LN_ACC_LEVELS - 1] >= LN_ACC_SPILL)
         ln_acc_spill(a);
 }
 

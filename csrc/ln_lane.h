@@ -870,10 +870,10 @@ LN_ALWAYS_INLINE void LN_FN(back_deposit_at)(
     double v = (double)dyv * (double)xh, u = (double)dyv;
     if (mode == LN_BACK_3) {
         ln_deposit3(w0, w1, w2, i, v);
-        ln_deposit3(b0, b1, b2, i, u);
+        ln_deposit_db(b0, b1, b2, i, u, 3, LN_DB_ON_GRID);
     } else if (mode == LN_BACK_2) {
         ln_deposit2(w1, w2, i, v);
-        ln_deposit2(b1, b2, i, u);
+        ln_deposit_db(b0, b1, b2, i, u, 2, LN_DB_ON_GRID);
     } else if (mode == LN_BACK_W3) {
         ln_deposit3(w0, w1, w2, i, v);
     } else if (mode == LN_BACK_W2) {

@@ -29,11 +29,13 @@
 #define LN_P float
 #define LN_T double
 #define LN_FN(f) f##_f16_wide
+#define LN_DB_ON_GRID 0
 #define LN_LOAD(p) ((double)LN_H2F(*(p)))
 #define LN_STORE(p, v) (*(p) = LN_F2H(ln_double_to_float_odd(v)))
 #include "ln_instance.h"
 #define LN_T float
 #define LN_FN(f) f##_f16
+#define LN_DB_ON_GRID 1
 #define LN_LOAD(p) LN_H2F(*(p))
 #define LN_STORE(p, v) (*(p) = LN_F2H(v))
 #if defined(LN_BACK_SUMS_F16)
@@ -66,11 +68,13 @@
 #define LN_P float
 #define LN_T double
 #define LN_FN(f) f##_bf16_wide
+#define LN_DB_ON_GRID 0
 #define LN_LOAD(p) ((double)ln_bf16_to_float(*(p)))
 #define LN_STORE(p, v) (*(p) = ln_float_to_bf16(ln_double_to_float_odd(v)))
 #include "ln_instance.h"
 #define LN_T float
 #define LN_FN(f) f##_bf16
+#define LN_DB_ON_GRID 0
 #define LN_LOAD(p) ln_bf16_to_float(*(p))
 #define LN_STORE(p, v) (*(p) = ln_float_to_bf16(v))
 #if defined(LN_BACK_SUMS_BF16)
@@ -108,11 +112,13 @@
 #define LN_P float
 #define LN_T double
 #define LN_FN(f) f##_f32_wide
+#define LN_DB_ON_GRID 0
 #define LN_LOAD(p) ((double)*(p))
 #define LN_STORE(p, v) (*(p) = (float)(v))
 #include "ln_instance.h"
 #define LN_T float
 #define LN_FN(f) f##_f32
+#define LN_DB_ON_GRID 0
 #define LN_LOAD(p) (*(p))
 #define LN_STORE(p, v) (*(p) = (v))
 #if defined(LN_BACK_SUMS_F32)
@@ -141,6 +147,7 @@
 #define LN_P double
 #define LN_T double
 #define LN_FN(f) f##_f64
+#define LN_DB_ON_GRID 0
 #define LN_LOAD(p) (*(p))
 #define LN_STORE(p, v) (*(p) = (v))
 #if defined(LN_LOAD_PART_F64)

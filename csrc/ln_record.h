@@ -159,7 +159,7 @@ static inline void LN_FN(back_counted)(ln_acc *dw, ln_acc *db, int path)
     if (dw)
         ln_acc_count(dw, levels);
     if (db)
-        ln_acc_count(db, levels);
+        ln_acc_count_db(db, levels, LN_DB_ON_GRID);
 }
 
 /* dx from the coefficients, and the terms deposited one by one

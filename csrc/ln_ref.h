@@ -124,9 +124,8 @@ static void LN_FN(back_apply)(const LN_S *x, const LN_S *dy, LN_S *dx, size_t n,
             ln_deposit2(dw->sum[1], dw->sum[2], j, (double)dyv * (double)xh);
         if (db && path == LN_DEPOSIT_PLAIN)
             db->huge[j] += (double)dyv;
-        else if (db && path == LN_DEPOSIT_3)
-            ln_deposit3(db->sum[0], db->sum[1], db->sum[2], j, (double)dyv);
         else if (db)
-            ln_deposit2(db->sum[1], db->sum[2], j, (double)dyv);
+            ln_deposit_db(db->sum[0], db->sum[1], db->sum[2], j, (double)dyv,
+                          path == LN_DEPOSIT_3 ? 3 : 2, LN_DB_ON_GRID);
     }
 }

@@ -20,6 +20,8 @@
  *   LN_P           C type of weight/bias as kernels receive them
  *   LN_LOAD(p)     the element at p as LN_T, exactly
  *   LN_STORE(p, v) store LN_T v at p, rounded once to nearest even
+ *   LN_DB_ON_GRID  1 when every row value lies on the exact sums' level-1
+ *                  grid (float16 rows): see ln_deposit_db; else 0
  *   LN_FN(name)    the instance's name for a function
  *
  * This header itself is an ordinary header: helpers for every instance.
@@ -292,6 +294,40 @@ LN_ALWAYS_INLINE void ln_deposit3(uint64_t *restrict s0, uint64_t *restrict s1,
     double t = v + LN_ACC_C0;
     s0[i] += ln_acc_bits(t);
     ln_deposit2(s1, s2, i, v - (t - LN_ACC_C0));
+}
+
+/* dbias's term u (that is, dy) into the `levels` lowest levels, or, with
+ * on_grid (a constant: the instance's rows are float16), into the levels
+ * above the lowest: every float16 value is a multiple of 2^-24, on level
+ * 1's grid of 2^-36, so its remainder there is exactly 0 and the lowest
+ * level would only get bits(C2) per term, which its count then takes
+ * back (ln_acc_count_above counts such terms). The same sums. */
+LN_ALWAYS_INLINE void ln_deposit_db(uint64_t *restrict s0, uint64_t *restrict s1,
+                                    uint64_t *restrict s2, size_t i, double u, int levels,
+                                    int on_grid)
+{
+    if (!on_grid) {
+        if (levels == 3)
+            ln_deposit3(s0, s1, s2, i, u);
+        else
+            ln_deposit2(s1, s2, i, u);
+        return;
+    }
+    if (levels == 3) {
+        double t = u + LN_ACC_C0;
+        s0[i] += ln_acc_bits(t);
+        u = u - (t - LN_ACC_C0);
+    }
+    s1[i] += ln_acc_bits(u + LN_ACC_C1);
+}
+
+/* A record's (or a group record's) dbias deposits counted. */
+static inline void ln_acc_count_db(ln_acc *db, int levels, int on_grid)
+{
+    if (on_grid)
+        ln_acc_count_above(db, levels);
+    else
+        ln_acc_count(db, levels);
 }
 
 /* A spare row of `bytes` bytes (64-byte aligned) for the rare paths of a

@@ -496,6 +496,64 @@ def _round_to_bits(v, bits):
     return float(q * unit) * (1 if v > 0 else -1)
 
 
+@pytest.mark.parametrize("d", [16, 40, 520], ids=lambda d: f"d={d}")
+def test_float16_dbias_is_exact_across_levels_spills_and_isas(d, restore_settings):
+    """float16 rows deposit dbias's terms (dy, a multiple of 2^-24) without
+    the lowest level of the exact sums, whose remainders would all be 0
+    (the record path, d = 40, and the column-chunked groups, d = 520; the
+    short groups, d = 16, deposit every level, and their records left to
+    the record path share the sums): the sums are still the exact sums
+    rounded once, with terms of 2^13 and more (three levels) and the
+    smallest subnormals, across the spills of the level sums (every 2048
+    records), on every level; dweight keeps its bits as well."""
+    from fractions import Fraction
+    rng = np.random.default_rng(d)
+    n = 4500
+    x = rng.standard_normal((n, d)).astype(F16)
+    dy = (rng.standard_normal((n, d)) * 10.0 ** rng.integers(-6, 4, (n, 1))).astype(F16)
+    dy[3] = np.float16(6e-8)       # 2^-24, the smallest subnormal
+    dy[10, : d // 2] = 60000.0     # terms on all three levels
+    dy[11, : d // 2] = -59000.0
+    from layernorm_c._backward import _backward_parts
+    cols = (0, d // 2 - 1, d // 2, d - 1)
+    exact = [sum(Fraction(float(t)) for t in dy[:, j].astype(np.float64)) for j in cols]
+    want = None
+    for isa in lnc.supported_isas():
+        lnc.set_isa(isa)
+        g = lnc.layer_norm_backward(dy, x)
+        # the sums' exact state, read to 53 bits: float32 results would
+        # hide an error on the lowest level (its grid is 2^-86)
+        _, acc_w, acc_b, _ = _backward_parts(dy, x, None, 1e-5, -1, None, None)
+        b64 = acc_b.value(np.float64)
+        for j, e in zip(cols, exact):
+            assert b64[j] == _round_to_bits(e, 53), (isa, j)
+            assert float(g.dbias[j]) == _round_to_bits(e, 24), (isa, j)
+        if want is None:
+            want = (g, acc_w.value(np.float64), b64)
+        assert_same_bits(g.dweight, want[0].dweight, f"dweight ({isa})")
+        assert_same_bits(g.dbias, want[0].dbias, f"dbias ({isa})")
+        assert_same_bits(acc_w.value(np.float64), want[1], f"dweight to 53 bits ({isa})")
+        assert_same_bits(b64, want[2], f"dbias to 53 bits ({isa})")
+
+
+@pytest.mark.parametrize("d", [16, 40], ids=lambda d: f"d={d}")
+def test_float16_dbias_spills_before_its_level_sums_overflow(d, restore_settings):
+    """float16's dbias counts the level above the lowest alone, so that
+    level's count decides its spills: 17000 terms of 8000 (just below the
+    three-level bound, 2^49 units of level 1 each) overflow 63 bits
+    without a spill every 2048 records."""
+    from layernorm_c._backward import _backward_parts
+    n = 17000
+    x = np.random.default_rng(1).standard_normal((n, d)).astype(F16)
+    dy = np.full((n, d), 0.5, F16)
+    dy[:, 0] = 8000.0
+    for isa in lnc.supported_isas():
+        lnc.set_isa(isa)
+        _, _, acc_b, _ = _backward_parts(dy, x, None, 1e-5, -1, None, None)
+        b64 = acc_b.value(np.float64)
+        assert b64[0] == 8000.0 * n and b64[1] == 0.5 * n, isa
+
+
 def test_exact_sums_read_a_state_at_any_address():
     """A state unpickled into a buffer at an odd offset (dask's workers
     hand such arrays over) is read word by word: the same sums, and no
