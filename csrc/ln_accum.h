@@ -20,6 +20,9 @@
  * per term: t = v + C with C = 1.5 * 2^(52 + e) puts round(v / 2^e) in the
  * low bits of t (bits(t) = bits(C) + round(v / 2^e) for |v| < 2^(51 + e)),
  * so the level sums bits(t) and subtracts count * bits(C) when it spills.
+ * Terms that lie on a level's grid leave nothing below it: float16's
+ * dbias terms (multiples of 2^-24, on the grid 2^-36) skip the lowest
+ * level, uncounted there (ln_acc_count_above).
  */
 #ifndef LN_ACCUM_H
 #define LN_ACCUM_H
