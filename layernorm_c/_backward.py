@@ -116,6 +116,17 @@ def _stat_arg(a: object, name: str, plan: _Plan) -> Optional[NDArray[Any]]:
     return _native(arr.reshape(-1))
 
 
+def _plain_stat(a: object, x: object) -> bool:
+    """True when ``a`` is a float ndarray shaped as ``layer_norm(x, ...,
+    return_stats=True)`` returns a statistic over the last axis (or with
+    that axis kept as 1): what :func:`_stat_arg` accepts, told without
+    planning."""
+    if type(a) is not np.ndarray or type(x) is not np.ndarray or a.dtype.kind != "f":
+        return False
+    lead = x.shape[:-1]
+    return x.ndim > 0 and (a.shape == lead or a.shape == lead + (1,))
+
+
 def _native(a: NDArray[Any]) -> NDArray[Any]:
     return a if a.dtype.isnative else a.astype(a.dtype.newbyteorder("="))
 
@@ -270,9 +281,11 @@ def layer_norm_backward(
     >>> bool(np.abs(g.dx).max() < 1e-15), g.dbias
     (True, array([1., 1., 1., 1.]))
     """
-    if type(axis) is int and axis == -1 and var is None:
+    if type(axis) is int and axis == -1 and (var is None or _plain_stat(var, x)):
         # The common case, done in C with the sums rounded there, or
-        # NotImplemented when anything needs the general path below.
+        # NotImplemented when anything needs the general path below. A var
+        # is only checked; one that passes the cheap test here is all right
+        # (anything else goes the general way, which checks it).
         res = _core._fast_backward(dy, x, weight, eps, mean, False)
         if res is not NotImplemented:
             return LayerNormGrads(*res)
