@@ -244,13 +244,28 @@ def build(key: str, op: Op, inp: Inputs, threads: int, peers: "Peers") -> Impl:
     return _PEER_BUILDERS[key](module, op, inp, threads, peers)
 
 
+def same_page_offset(x: np.ndarray) -> np.ndarray:
+    """An uninitialized C-ordered array like ``x`` that starts at x's own
+    offset within a 4 KiB page, as two fresh large allocations do.
+
+    ``np.copyto`` is glibc's memmove, and on AMD Zen 3 (measured here:
+    float32 (64, 768), 5.7-8.7 us at every other offset) it takes 100-140 us
+    when the destination starts 16 bytes past the source modulo 4 KiB,
+    which is where malloc puts an array allocated right after another of a
+    whole number of pages: ``np.empty_like(x)`` could turn the floor into a
+    tenth of the machine's speed, and every ratio over it with it."""
+    buf = np.empty(x.nbytes + 4096, np.uint8)
+    start = (x.ctypes.data - buf.ctypes.data) % 4096
+    return buf[start:start + x.nbytes].view(x.dtype).reshape(x.shape)
+
+
 def _floor(key: str, op: Op, inp: Inputs) -> Impl:
     """Forward: ``np.copyto(out, x)`` / ``x.copy()``. Backward: read x and dy,
     write dx: an integer add of their bit patterns (pure traffic, the same
     speed for every dtype), into a preallocated array / a new one."""
     x = inp.x
     if not op.backward:
-        out = np.empty_like(x)
+        out = same_page_offset(x)
         return Impl(lambda: np.copyto(out, x)) if key == "floor" else Impl(x.copy)
     bits = np.dtype(f"u{x.dtype.itemsize}")
     xi, dyi = x.view(bits), inp.dy.view(bits)
