@@ -150,9 +150,13 @@ def test_not_enough_space_is_said_before_starting(files, capsys, monkeypatch):
 def test_interrupted_run_leaves_no_output(tmp_path, sig):
     """The run is slowed down (each chunk waits) and stopped halfway."""
     np.save(tmp_path / "x.npy", X)
+    # The child gets Python's own SIGINT handler, as in a terminal: started
+    # with SIGINT ignored (the suite under nohup or as a background job),
+    # Python keeps ignoring it and the run would rightly go on to the end.
     code = f"""if 1:
-        import sys, time
+        import signal, sys, time
         from layernorm_c import _normalize
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         real = _normalize._write_slab
         def slow(dst, start, y):
             real(dst, start, y)
