@@ -287,13 +287,20 @@ LN_ALWAYS_INLINE void ln_deposit2(uint64_t *restrict s1, uint64_t *restrict s2, 
     s2[i] += ln_acc_bits(v + (LN_ACC_C12 - t));
 }
 
-/* All three: the top level's remainder (|v - h| <= 2^13) goes down. */
-LN_ALWAYS_INLINE void ln_deposit3(uint64_t *restrict s0, uint64_t *restrict s1,
-                                  uint64_t *restrict s2, size_t i, double v)
+/* The top level's share of v into s0; returns the remainder
+ * (|v - h| <= 2^13), which goes down. */
+LN_ALWAYS_INLINE double ln_deposit_top(uint64_t *restrict s0, size_t i, double v)
 {
     double t = v + LN_ACC_C0;
     s0[i] += ln_acc_bits(t);
-    ln_deposit2(s1, s2, i, v - (t - LN_ACC_C0));
+    return v - (t - LN_ACC_C0);
+}
+
+/* All three levels. */
+LN_ALWAYS_INLINE void ln_deposit3(uint64_t *restrict s0, uint64_t *restrict s1,
+                                  uint64_t *restrict s2, size_t i, double v)
+{
+    ln_deposit2(s1, s2, i, ln_deposit_top(s0, i, v));
 }
 
 /* dbias's term u (that is, dy) into the `levels` lowest levels, or, with
@@ -313,11 +320,8 @@ LN_ALWAYS_INLINE void ln_deposit_db(uint64_t *restrict s0, uint64_t *restrict s1
             ln_deposit2(s1, s2, i, u);
         return;
     }
-    if (levels == 3) {
-        double t = u + LN_ACC_C0;
-        s0[i] += ln_acc_bits(t);
-        u = u - (t - LN_ACC_C0);
-    }
+    if (levels == 3)
+        u = ln_deposit_top(s0, i, u);
     s1[i] += ln_acc_bits(u + LN_ACC_C1);
 }
 
