@@ -307,6 +307,21 @@ static ln_rows rows_of(const ln_batch_ctx *c, ln_worker *wk, size_t n, ln_stats 
 
 /* Records [r, r + n) from rows x and dy to rows y (x_row, dy_row and
  * y_row bytes apart; direct), the parameters fixed. */
+/* Records [r, r + n)'s values of a per-record scalar operand (eps, a
+ * given mean) as doubles; a broadcast one (row stride 0: the usual
+ * scalar eps) is read once, not once a record. */
+static void read_scalars(const ln_operand *op, size_t r, size_t n, double *out)
+{
+    if (op->row == 0) {
+        double v = n ? ln_read_scalar(op, r) : 0.0;
+        for (size_t k = 0; k < n; k++)
+            out[k] = v;
+        return;
+    }
+    for (size_t k = 0; k < n; k++)
+        out[k] = ln_read_scalar(op, r + k);
+}
+
 static int run_rows(const ln_batch_ctx *c, ln_worker *wk, size_t r, size_t n, const char *x,
                     ptrdiff_t x_row, const char *dy, ptrdiff_t dy_row, char *y,
                     ptrdiff_t y_row, int stream)
@@ -314,11 +329,9 @@ static int run_rows(const ln_batch_ctx *c, ln_worker *wk, size_t r, size_t n, co
     const ln_job *job = c->job;
     ln_stats st[LN_CALL_ROWS];
     double eps[LN_CALL_ROWS], mean[LN_CALL_ROWS];
-    for (size_t k = 0; k < n; k++) {
-        eps[k] = ln_read_scalar(&job->eps, r + k);
-        if (c->info->reads_mean && job->mean.ptr)
-            mean[k] = ln_read_scalar(&job->mean, r + k);
-    }
+    read_scalars(&job->eps, r, n, eps);
+    if (c->info->reads_mean && job->mean.ptr)
+        read_scalars(&job->mean, r, n, mean);
     ln_rows rows = rows_of(c, wk, n, st, eps, mean);
     rows.x = x;
     rows.x_row = x_row;

@@ -234,6 +234,23 @@ def test_results_do_not_depend_on_earlier_calls():
     assert_same_bits(lnc.layer_norm(x), first.y)
 
 
+@pytest.mark.parametrize("d", [8, 24, 64, 130], ids=lambda d: f"d={d}")
+def test_each_record_gets_its_own_eps(d):
+    """A per-record eps (a gufunc broadcast of an (n,) array) reaches each
+    record, in groups of short records as in long ones: record k's result
+    is that of record k alone with eps[k]. (A broadcast scalar eps is read
+    once per call; an array is read record by record.)"""
+    rng = np.random.default_rng(d)
+    n = 37
+    x = (rng.standard_normal((n, d)) * 1e-3).astype(F32)
+    w, b = rng.uniform(0.5, 2, d).astype(F32), rng.standard_normal(d).astype(F32)
+    eps = rng.uniform(0, 1e-5, n)
+    got = lnc.layer_norm_ufunc(x, w, b, eps)
+    for k in range(n):
+        assert_same_bits(got[k], lnc.layer_norm(x[k], w, b, eps=eps[k]), f"record {k}")
+    assert not np.array_equal(got[0], lnc.layer_norm(x[0], w, b, eps=eps[1]))
+
+
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
 @pytest.mark.parametrize("n", [1, 15, 16, 17, 50])
 def test_fortran_order_tiles_give_the_bits_of_c_order(dtype, n):
