@@ -175,10 +175,22 @@ _Static_assert(LN_GROUP_SHORT <= LN_ONE_PASS_MIN_D, "short groups are two-pass r
 LN_ALWAYS_INLINE int LN_FN(is_short)(size_t d) { return d <= LN_GROUP_SHORT; }
 
 typedef struct {
-    LN_T v[2 * LN_LANES][LN_SHORT_GROUP];
+    union {
+        LN_T v[2 * LN_LANES][LN_SHORT_GROUP];    /* transposed */
+        LN_T rows[LN_SHORT_GROUP][2 * LN_LANES]; /* or in rows, for the level's own loops */
+    };
     double mean[LN_SHORT_GROUP], var[LN_SHORT_GROUP], rstd[LN_SHORT_GROUP];
     LN_T hi[LN_SHORT_GROUP], lo[LN_SHORT_GROUP];
 } LN_FN(short_group);
+
+/* The lane width of a short record of d features, as group_stats picks
+ * it: the smallest power of two >= d from LN_SHORT / 4 up. */
+LN_ALWAYS_INLINE size_t LN_FN(group_width)(size_t d)
+{
+    if (d > LN_SHORT / 2)
+        return LN_SHORT;
+    return d > LN_SHORT / 4 ? LN_SHORT / 2 : LN_SHORT / 4;
+}
 
 /* The tree over the first w lanes of t, across the group. */
 LN_ALWAYS_INLINE void LN_FN(group_tree)(double t[LN_LANES][LN_SHORT_GROUP], size_t w)
@@ -319,12 +331,56 @@ LN_ALWAYS_INLINE void LN_FN(group_stats_w)(LN_FN(short_group) *g, const char *x,
     }
 }
 
+#if defined(LN_SHORT_STATS_ROWS)
+/* The level's own short groups (LN_SHORT_STATS_ROWS and
+ * LN_SHORT_OUTPUT_ROWS, ln_x86.h, float32 rows) for records of more than
+ * half a lane row: each record's lanes in registers, its rows left as
+ * they are. Records of whole lane rows are read where they are; others
+ * are first loaded, zero-padded to their lane width, into the group's
+ * rows (group_load). Measured against the transposed form, float32, one
+ * thread: LayerNorm (1e6, d) d = 64 0.80x the time, 32 0.70x, 48 0.89x,
+ * (1e5, 24) 0.91x, (4096, 64) 0.68x; RMSNorm (1e6, 64) 0.75x. d = 16 and
+ * 8 were 1.03-1.12x, and keep it; float16 and bfloat16 rows, converted
+ * into the group's rows first, were mixed (0.9-1.1x) and keep it too. */
+LN_ALWAYS_INLINE int LN_FN(group_in_rows)(size_t d) { return d > LN_LANES / 2; }
+_Static_assert(LN_SHORT_GROUP % 4 == 0, "the level's statistics fill four records at a time");
+
+LN_ALWAYS_INLINE int LN_FN(group_direct)(size_t d)
+{
+    return d == LN_LANES || d == 2 * LN_LANES;
+}
+
+LN_ALWAYS_INLINE void LN_FN(group_stats_rows)(LN_FN(short_group) *g, const char *x,
+                                              ptrdiff_t x_row, size_t n, size_t d,
+                                              const double *eps, int rms)
+{
+    const char *src = x;
+    ptrdiff_t src_row = x_row;
+    if (!LN_FN(group_direct)(d)) {
+        LN_FN(group_load)(g->rows, x, x_row, n, d, LN_FN(group_width)(d));
+        src = (const char *)g->rows;
+        src_row = (ptrdiff_t)sizeof g->rows[0];
+    }
+    LN_SHORT_STATS_ROWS(src, src_row, n, d, rms, g->mean, g->var, g->hi, g->lo);
+    for (size_t k = 0; k < n; k++) {
+        double e = ln_eps_is_valid(eps[k]) ? eps[k] : 0.0;
+        g->rstd[k] = 1.0 / sqrt(g->var[k] + e); /* ln_inverse_std for valid eps */
+    }
+}
+#endif
+
 /* The statistics of the group's n records from x (rows x_row bytes apart).
  * The common widths (d a power of two) get loops of constant length. */
 LN_ALWAYS_INLINE void LN_FN(group_stats)(LN_FN(short_group) *g, const char *x,
                                          ptrdiff_t x_row, size_t n, size_t d,
                                          const double *eps, int rms)
 {
+#if defined(LN_SHORT_STATS_ROWS)
+    if (LN_FN(group_in_rows)(d)) {
+        LN_FN(group_stats_rows)(g, x, x_row, n, d, eps, rms);
+        return;
+    }
+#endif
     if (d == 2 * LN_LANES)
         LN_FN(group_stats_w)(g, x, x_row, n, 2 * LN_LANES, eps, rms, LN_LANES);
     else if (d > LN_LANES)
@@ -382,6 +438,28 @@ LN_ALWAYS_INLINE void LN_FN(group_stream)(LN_T rows[LN_SHORT_GROUP][2 * LN_LANES
 }
 #endif
 
+/* The output rows (w lanes filled) of the records k with keep[k] into y
+ * (the others are not written). stream: the call streams its outputs. */
+LN_ALWAYS_INLINE void LN_FN(group_put)(LN_T rows[LN_SHORT_GROUP][2 * LN_LANES], char *y,
+                                       ptrdiff_t y_row, size_t n, size_t d, const int *keep,
+                                       int stream, size_t w)
+{
+#if defined(LN_STREAM_BYTES)
+    int all = 1;
+    for (size_t k = 0; k < n; k++)
+        all &= keep[k] != 0;
+    if (stream && all && y_row == (ptrdiff_t)(d * sizeof(LN_S)) && d * sizeof(LN_S) >= 128) {
+        LN_FN(group_stream)(rows, y, n, d, w);
+        return;
+    }
+#else
+    (void)stream;
+#endif
+    for (size_t k = 0; k < n; k++)
+        if (keep[k])
+            LN_FN(group_store_row)((LN_S *)(y + (ptrdiff_t)k * y_row), rows[k], d, w);
+}
+
 /* The outputs of the records k with keep[k] (the others are not
  * written); wp and bp: the gain and bias, or NULL. stream: the call
  * streams its outputs. */
@@ -401,27 +479,50 @@ LN_ALWAYS_INLINE void LN_FN(group_output_d)(LN_FN(short_group) *g, char *y, ptrd
                                        wp, bp, j);
     LN_T rows[LN_SHORT_GROUP][2 * LN_LANES];
     LN_FN(transpose)(&rows[0][0], 2 * LN_LANES, &g->v[0][0], LN_SHORT_GROUP, w, LN_SHORT_GROUP);
-#if defined(LN_STREAM_BYTES)
+    LN_FN(group_put)(rows, y, y_row, n, d, keep, stream, w);
+}
+
+#if defined(LN_SHORT_STATS_ROWS)
+LN_ALWAYS_INLINE void LN_FN(group_output_rows)(LN_FN(short_group) *g, const char *x,
+                                               ptrdiff_t x_row, char *y, ptrdiff_t y_row,
+                                               size_t n, size_t d, const LN_P *restrict wp,
+                                               const LN_P *restrict bp, const int *keep,
+                                               int stream)
+{
+    LN_T r[LN_SHORT_GROUP], c[LN_SHORT_GROUP];
+    size_t w = LN_FN(group_width)(d);
+    for (size_t k = 0; k < n; k++) {
+        r[k] = (LN_T)g->rstd[k];
+        c[k] = LN_FN(offset)(g->lo[k], r[k]);
+    }
+    int direct = LN_FN(group_direct)(d);
+    const char *src = direct ? x : (const char *)g->rows;
+    ptrdiff_t src_row = direct ? x_row : (ptrdiff_t)sizeof g->rows[0];
     int all = 1;
     for (size_t k = 0; k < n; k++)
         all &= keep[k] != 0;
-    if (stream && all && y_row == (ptrdiff_t)(d * sizeof(LN_S)) && d * sizeof(LN_S) >= 128) {
-        LN_FN(group_stream)(rows, y, n, d, w);
+    if (direct && all && !stream) { /* straight into y */
+        LN_SHORT_OUTPUT_ROWS(src, src_row, y, y_row, n, d, g->hi, r, c, wp, bp);
         return;
     }
-#else
-    (void)stream;
-#endif
-    for (size_t k = 0; k < n; k++)
-        if (keep[k])
-            LN_FN(group_store_row)((LN_S *)(y + (ptrdiff_t)k * y_row), rows[k], d, w);
+    LN_SHORT_OUTPUT_ROWS(src, src_row, (char *)g->rows, (ptrdiff_t)sizeof g->rows[0], n, d, g->hi,
+                         r, c, wp, bp);
+    LN_FN(group_put)(g->rows, y, y_row, n, d, keep, stream, d > LN_LANES ? 2 * LN_LANES : w);
 }
+#endif
 
-LN_ALWAYS_INLINE void LN_FN(group_output)(LN_FN(short_group) *g, char *y, ptrdiff_t y_row,
+LN_ALWAYS_INLINE void LN_FN(group_output)(LN_FN(short_group) *g, const char *x,
+                                          ptrdiff_t x_row, char *y, ptrdiff_t y_row,
                                           size_t n, size_t d, const LN_P *restrict wp,
                                           const LN_P *restrict bp, const int *keep,
                                           int stream)
 {
+#if defined(LN_SHORT_STATS_ROWS)
+    if (LN_FN(group_in_rows)(d)) {
+        LN_FN(group_output_rows)(g, x, x_row, y, y_row, n, d, wp, bp, keep, stream);
+        return;
+    }
+#endif
     if (d == 2 * LN_LANES)
         LN_FN(group_output_d)(g, y, y_row, n, 2 * LN_LANES, wp, bp, keep, stream, 2 * LN_LANES);
     else if (d > LN_LANES)
@@ -1015,15 +1116,6 @@ typedef struct {
 
 /* Is a record of d features short for the backward (done in groups)? */
 LN_ALWAYS_INLINE int LN_FN(back_is_short)(size_t d) { return d <= LN_SHORT; }
-
-/* The lane width of a short record of d features, as group_stats picks
- * it: the smallest power of two >= d from LN_SHORT / 4 up. */
-LN_ALWAYS_INLINE size_t LN_FN(group_width)(size_t d)
-{
-    if (d > LN_SHORT / 2)
-        return LN_SHORT;
-    return d > LN_SHORT / 4 ? LN_SHORT / 2 : LN_SHORT / 4;
-}
 
 /* One of the four sums: the lanes l (d of them filled) as doubles, the
  * tree over w, per record. */

@@ -124,6 +124,10 @@
 #if defined(LN_BACK_SUMS_F32)
 #define LN_BACK_SUMS_ROWS LN_BACK_SUMS_F32
 #endif
+#if defined(LN_SHORT_STATS_AVX)
+#define LN_SHORT_STATS_ROWS LN_SHORT_STATS_AVX
+#define LN_SHORT_OUTPUT_ROWS LN_SHORT_OUTPUT_AVX
+#endif
 #if defined(LN_LOAD_PART_F32)
 #define LN_LOAD_PART LN_LOAD_PART_F32
 #define LN_STORE_PART LN_STORE_PART_F32
@@ -132,6 +136,8 @@
 #undef LN_LOAD_PART
 #undef LN_STORE_PART
 #undef LN_BACK_SUMS_ROWS
+#undef LN_SHORT_STATS_ROWS
+#undef LN_SHORT_OUTPUT_ROWS
 #define LN_CORE(f) f##_f32
 #define LN_WIDE(f) f##_f32_wide
 #define LN_OPS(f) f##_f32

@@ -270,7 +270,7 @@ static int LN_OPS(norm_short_rows)(const ln_rows *r, int rms)
                 if (keep[k])
                     r->st[k0 + k] = st;
             }
-            LN_CORE(group_output)(&g, y, r->y_row, n, r->d, w, b, keep, r->stream);
+            LN_CORE(group_output)(&g, x, r->x_row, y, r->y_row, n, r->d, w, b, keep, r->stream);
         }
         for (size_t k = 0; k < n; k++) {
             if (keep[k])

@@ -519,6 +519,192 @@ _Static_assert(LN_LANES % 16 == 0 && LN_BLOCK % LN_LANES == 0,
 #define LN_BACK_SUMS_F32 ln_back_sums_f32
 #define LN_BACK_SUMS_F16 ln_back_sums_f16
 #define LN_BACK_SUMS_BF16 ln_back_sums_bf16
+
+/* ---- short records' forward, AVX2 ------------------------------------- */
+/*
+ * The forward of a short group (ln_lane.h: float32 records of more than
+ * half and at most two lane rows, read in place or copied zero-padded) with
+ * each record's lanes in registers: lane j of ln_contract.h is element j
+ * of the row's first lane row (plus element j + 32 of its second), eight
+ * lanes a register, and the tree's levels are additions of whole
+ * registers down to four lanes, then two in-register steps. The
+ * transposed form in C did every step across the group's records, but
+ * through arrays on the stack (about 50 ns a record of 64 floats, most of
+ * it loads and stores of its temporaries). The same operations in the
+ * same order as the record path: the same bits.
+ */
+_Static_assert(LN_LANES == 32, "a lane row is four registers of eight floats");
+
+/* The lanes of a record's row past d: all bits clear (the row holds
+ * zeros there, but x - shift of a zero is not +0.0). */
+static inline __m256 ln_lane_mask8(size_t d, size_t j)
+{
+    return _mm256_castsi256_ps(_mm256_cmpgt_epi32(
+        _mm256_set1_epi32((int)d), _mm256_add_epi32(_mm256_set1_epi32((int)j),
+                                                    _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))));
+}
+
+/* A record's block lanes (nv registers, lanes 8q..8q+7 in a[q]) as
+ * doubles through the tree's levels (ln_contract.h, item 3) down to four
+ * lanes: lanes 0..3 of the tree in one register. Lanes past the nv
+ * registers are +0.0 and would change nothing. (0.0 + a lane, its total,
+ * is the lane itself: block lanes are never -0.0.) */
+static inline __attribute__((always_inline)) __m256d ln_tree_to4(const __m256 a[4], int nv)
+{
+    __m256d t[8];
+    for (int q = 0; q < nv; q++) {
+        t[2 * q] = _mm256_cvtps_pd(_mm256_castps256_ps128(a[q]));
+        t[2 * q + 1] = _mm256_cvtps_pd(_mm256_extractf128_ps(a[q], 1));
+    }
+    for (int h = nv; h >= 1; h /= 2) /* registers 4 h lanes apart */
+        for (int i = 0; i < h; i++)
+            t[i] = _mm256_add_pd(t[i], t[i + h]);
+    return t[0];
+}
+
+/* The tree's last two levels (lane 0 += lane 2 and 1 += 3, then 0 += 1)
+ * for four records at once, their lanes 0..3 in r[0..3]: the four
+ * totals, record i's in element i. */
+static inline __m256d ln_tree_last4(const __m256d r[4])
+{
+    __m256d a = _mm256_unpacklo_pd(r[0], r[1]), b = _mm256_unpackhi_pd(r[0], r[1]);
+    __m256d c = _mm256_unpacklo_pd(r[2], r[3]), e = _mm256_unpackhi_pd(r[2], r[3]);
+    __m256d l0 = _mm256_permute2f128_pd(a, c, 0x20), l2 = _mm256_permute2f128_pd(a, c, 0x31);
+    __m256d l1 = _mm256_permute2f128_pd(b, e, 0x20), l3 = _mm256_permute2f128_pd(b, e, 0x31);
+    return _mm256_add_pd(_mm256_add_pd(l0, l2), _mm256_add_pd(l1, l3));
+}
+
+/* The statistics of n records (float rows src_row bytes apart, nv
+ * registers of them read: 4 for one lane row, 8 for two; lanes
+ * past d masked, or, full, none past d), four records at a time (the
+ * last four repeat the last record; the outputs have room for a
+ * multiple of four): the mean by the shifted first pass (item 4) and its
+ * split hi + lo (or, rms, zeros), and the variance by the centered
+ * second (item 5). */
+static inline __attribute__((always_inline)) void
+ln_short_stats_nv(const char *src, ptrdiff_t src_row, size_t n, size_t d, int rms,
+                  double *mean, double *var, float *hi, float *lo, int nv, int full)
+{
+    const int n1 = nv < 4 ? nv : 4; /* registers of the first lane row */
+    const __m256d dd = _mm256_set1_pd((double)d);
+    const __m256 zero = _mm256_setzero_ps();
+    __m256 m[8];
+    for (int q = 0; q < nv; q++)
+        m[q] = ln_lane_mask8(d, 8 * (size_t)q);
+#define LN_MASKED(q, v) (full ? (v) : _mm256_and_ps(m[q], (v)))
+    for (size_t k = 0; k < n; k += 4) {
+        const float *p[4];
+        __m256d r[4];
+        for (size_t i = 0; i < 4; i++)
+            p[i] = (const float *)(src + (ptrdiff_t)(k + i < n ? k + i : n - 1) * src_row);
+        if (rms) {
+            _mm256_storeu_pd(mean + k, _mm256_setzero_pd());
+            _mm_storeu_ps(hi + k, _mm_setzero_ps());
+            _mm_storeu_ps(lo + k, _mm_setzero_ps());
+        } else {
+            for (int i = 0; i < 4; i++) { /* the sum of x - x[0] */
+                __m256 a[4], x0 = _mm256_set1_ps(p[i][0]);
+                for (int q = 0; q < n1; q++)
+                    a[q] = _mm256_add_ps(
+                        zero, LN_MASKED(q, _mm256_sub_ps(_mm256_loadu_ps(p[i] + 8 * q), x0)));
+                for (int q = 4; q < nv; q++)
+                    a[q - 4] = _mm256_add_ps(
+                        a[q - 4], LN_MASKED(q, _mm256_sub_ps(_mm256_loadu_ps(p[i] + 8 * q), x0)));
+                r[i] = ln_tree_to4(a, n1);
+            }
+            __m256d x0 = _mm256_cvtps_pd(_mm_setr_ps(p[0][0], p[1][0], p[2][0], p[3][0]));
+            __m256d mu = _mm256_add_pd(x0, _mm256_div_pd(ln_tree_last4(r), dd));
+            __m128 h = _mm256_cvtpd_ps(mu);
+            _mm256_storeu_pd(mean + k, mu);
+            _mm_storeu_ps(hi + k, h);
+            _mm_storeu_ps(lo + k, _mm256_cvtpd_ps(_mm256_sub_pd(mu, _mm256_cvtps_pd(h))));
+        }
+        for (int i = 0; i < 4; i++) { /* the squares of (x - hi) - lo */
+            __m256 a[4], h = _mm256_set1_ps(hi[k + i]), l = _mm256_set1_ps(lo[k + i]);
+            for (int q = 0; q < n1; q++) {
+                __m256 c = LN_MASKED(
+                    q, _mm256_sub_ps(_mm256_sub_ps(_mm256_loadu_ps(p[i] + 8 * q), h), l));
+                a[q] = _mm256_fmadd_ps(c, c, zero);
+            }
+            for (int q = 4; q < nv; q++) {
+                __m256 c = LN_MASKED(
+                    q, _mm256_sub_ps(_mm256_sub_ps(_mm256_loadu_ps(p[i] + 8 * q), h), l));
+                a[q - 4] = _mm256_fmadd_ps(c, c, a[q - 4]);
+            }
+            r[i] = ln_tree_to4(a, n1);
+        }
+        _mm256_storeu_pd(var + k, _mm256_div_pd(ln_tree_last4(r), dd));
+    }
+#undef LN_MASKED
+}
+
+/* The outputs of n records (item 6) from their float rows to dst's: the
+ * normalized value, then the gain and bias (w, b: 2 LN_LANES of them,
+ * padded; NULL when absent). */
+static inline __attribute__((always_inline)) void
+ln_short_output_nv(const char *src, ptrdiff_t src_row, char *dst, ptrdiff_t dst_row, size_t n,
+                   const float *hi, const float *r, const float *c, const float *w,
+                   const float *b, int nv)
+{
+    for (size_t k = 0; k < n; k++) {
+        const float *p = (const float *)(src + (ptrdiff_t)k * src_row);
+        float *o = (float *)(dst + (ptrdiff_t)k * dst_row);
+        __m256 h = _mm256_set1_ps(hi[k]), rv = _mm256_set1_ps(r[k]), cv = _mm256_set1_ps(c[k]);
+        for (int q = 0; q < nv; q++) {
+            __m256 v = _mm256_fmadd_ps(_mm256_sub_ps(_mm256_loadu_ps(p + 8 * q), h), rv, cv);
+            if (w && b)
+                v = _mm256_fmadd_ps(v, _mm256_loadu_ps(w + 8 * q), _mm256_loadu_ps(b + 8 * q));
+            else if (w)
+                v = _mm256_mul_ps(v, _mm256_loadu_ps(w + 8 * q));
+            else if (b)
+                v = _mm256_add_ps(v, _mm256_loadu_ps(b + 8 * q));
+            _mm256_storeu_ps(o + 8 * q, v);
+        }
+    }
+}
+
+/* The registers a short record's row fills (ln_lane.h gives this level
+ * records of more than half a lane row): one lane row, or two. */
+static inline int ln_short_regs(size_t d) { return d > LN_LANES ? 8 : 4; }
+
+static void ln_short_stats_avx2(const char *src, ptrdiff_t src_row, size_t n, size_t d, int rms,
+                                double *mean, double *var, float *hi, float *lo)
+{
+    switch (ln_short_regs(d) + 16 * (d == LN_LANES || d == 2 * LN_LANES)) {
+    case 4: ln_short_stats_nv(src, src_row, n, d, rms, mean, var, hi, lo, 4, 0); break;
+    case 8: ln_short_stats_nv(src, src_row, n, d, rms, mean, var, hi, lo, 8, 0); break;
+    case 20: ln_short_stats_nv(src, src_row, n, d, rms, mean, var, hi, lo, 4, 1); break;
+    default: ln_short_stats_nv(src, src_row, n, d, rms, mean, var, hi, lo, 8, 1); break;
+    }
+}
+
+/* One affine case of the outputs (w, b constant or NULL where inlined). */
+static inline __attribute__((always_inline)) void
+ln_short_output_wb(const char *src, ptrdiff_t src_row, char *dst, ptrdiff_t dst_row, size_t n,
+                   size_t d, const float *hi, const float *r, const float *c, const float *w,
+                   const float *b)
+{
+    if (ln_short_regs(d) == 4)
+        ln_short_output_nv(src, src_row, dst, dst_row, n, hi, r, c, w, b, 4);
+    else
+        ln_short_output_nv(src, src_row, dst, dst_row, n, hi, r, c, w, b, 8);
+}
+
+static void ln_short_output_avx2(const char *src, ptrdiff_t src_row, char *dst, ptrdiff_t dst_row,
+                                 size_t n, size_t d, const float *hi, const float *r,
+                                 const float *c, const float *w, const float *b)
+{
+    if (w && b)
+        ln_short_output_wb(src, src_row, dst, dst_row, n, d, hi, r, c, w, b);
+    else if (w)
+        ln_short_output_wb(src, src_row, dst, dst_row, n, d, hi, r, c, w, NULL);
+    else if (b)
+        ln_short_output_wb(src, src_row, dst, dst_row, n, d, hi, r, c, NULL, b);
+    else
+        ln_short_output_wb(src, src_row, dst, dst_row, n, d, hi, r, c, NULL, NULL);
+}
+#define LN_SHORT_STATS_AVX ln_short_stats_avx2
+#define LN_SHORT_OUTPUT_AVX ln_short_output_avx2
 #endif
 
 #define LN_LOAD_ROW_F16 ln_load_row_f16
