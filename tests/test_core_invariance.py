@@ -185,6 +185,43 @@ def test_short_records_match_scalar_at_every_position_of_a_group(restore_setting
                 assert_same_result(got[1], want[1], f"{isa}, {dtype}, d={d}, rms_norm")
 
 
+@pytest.mark.parametrize("which", WB_COMBOS)
+def test_special_records_inside_short_groups_match_scalar(which, restore_settings):
+    """Records a group cannot finish (NaN, infinity, variances beyond the
+    float lanes' range, constant records with eps 0) sit among plain ones:
+    the group leaves them to the record path and writes the others, in
+    place or into a new array, forward or reversed, with the scalar
+    level's bits at every instruction-set level, gain and bias or not."""
+    rng = np.random.default_rng(17)
+    for d in (17, 24, 31, 32, 33, 48, 63, 64):
+        x = (rng.standard_normal((37, d)) * rng.uniform(0.1, 10, (37, 1))
+             + rng.uniform(-1e4, 1e4, (37, 1))).astype(F32)
+        x[3] = np.nan
+        x[7, d - 1] = np.inf
+        x[10] = 1e20 * rng.standard_normal(d)
+        x[11] = 5.0
+        x[20] = 1e-25 * rng.standard_normal(d)
+        x[21] = -0.0
+        w, b = random_params(rng, F32, d, which)
+        for eps in (1e-5, 0.0):
+            with np.errstate(all="ignore"):
+                lnc.set_isa("scalar")
+                want = (lnc.layer_norm(x, w, b, eps=eps, return_stats=True),
+                        lnc.rms_norm(x, w, eps=eps, return_stats=True))
+                for isa in lnc.supported_isas():
+                    lnc.set_isa(isa)
+                    where = f"{isa}, d={d}, eps={eps}"
+                    assert_same_result(lnc.layer_norm(x, w, b, eps=eps, return_stats=True),
+                                       want[0], where)
+                    assert_same_result(lnc.rms_norm(x, w, eps=eps, return_stats=True), want[1],
+                                       where + ", rms_norm")
+                    assert_same_bits(lnc.layer_norm(x[::-1], w, b, eps=eps)[::-1], want[0].y,
+                                     where + ", reversed")
+                    inplace = x.copy()
+                    lnc.layer_norm(inplace, w, b, eps=eps, out=inplace)
+                    assert_same_bits(inplace, want[0].y, where + ", in place")
+
+
 @pytest.mark.parametrize("dtype,d", [(F32, 16), (F32, 33), (F32, 64), (F16, 64), (F64, 16)],
                          ids=str)
 def test_short_records_streamed_into_a_large_out(dtype, d, restore_settings):
