@@ -68,6 +68,54 @@ static inline __mmask16 ln_first16(size_t n)
 }
 #endif
 
+#if LN_VEC_BYTES == 32
+static inline __m256 ln_float_of_bf16(__m128i h);
+static inline __m128i ln_bf16_of8(__m256 f);
+
+/* Eight 16-bit values as floats (bf: bfloat16, else float16), and eight
+ * floats rounded to them (to nearest even). */
+static inline __m256 ln_float_of_h8(__m128i h, int bf)
+{
+    return bf ? ln_float_of_bf16(h) : _mm256_cvtph_ps(h);
+}
+
+static inline __m128i ln_h8_of(__m256 f, int bf)
+{
+    return bf ? ln_bf16_of8(f) : _mm256_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT);
+}
+
+/* The first n <= width 16-bit values of a row as floats, zeros beyond up
+ * to width (a multiple of 8), and back: whole vectors of eight converted
+ * where they are, only the last partial one through a small buffer (the
+ * whole row had gone through one, with a call to memcpy, every time). */
+static inline void ln_load_part_h8(float *v, const uint16_t *p, size_t n, size_t width, int bf)
+{
+    size_t j = 0;
+    for (; j + 8 <= n; j += 8)
+        _mm256_storeu_ps(v + j, ln_float_of_h8(_mm_loadu_si128((const __m128i *)(p + j)), bf));
+    if (j < n) {
+        uint16_t buf[8] = {0};
+        memcpy(buf, p + j, (n - j) * sizeof *p);
+        _mm256_storeu_ps(v + j, ln_float_of_h8(_mm_loadu_si128((const __m128i *)buf), bf));
+        j += 8;
+    }
+    for (; j < width; j += 8)
+        _mm256_storeu_ps(v + j, _mm256_setzero_ps());
+}
+
+static inline void ln_store_part_h8(uint16_t *p, const float *v, size_t n, int bf)
+{
+    size_t j = 0;
+    for (; j + 8 <= n; j += 8)
+        _mm_storeu_si128((__m128i *)(p + j), ln_h8_of(_mm256_loadu_ps(v + j), bf));
+    if (j < n) {
+        uint16_t buf[8];
+        _mm_storeu_si128((__m128i *)buf, ln_h8_of(_mm256_loadu_ps(v + j), bf));
+        memcpy(p + j, buf, (n - j) * sizeof *p);
+    }
+}
+#endif
+
 static inline void ln_load_part_f16(float *v, const uint16_t *p, size_t n, size_t width)
 {
 #if LN_VEC_BYTES == 64
@@ -76,10 +124,7 @@ static inline void ln_load_part_f16(float *v, const uint16_t *p, size_t n, size_
         _mm512_storeu_ps(v + j, _mm512_cvtph_ps(h));
     }
 #else
-    uint16_t buf[LN_LANES] = {0};
-    (void)width;
-    memcpy(buf, p, n * sizeof *p);
-    ln_load_row_f16(v, buf);
+    ln_load_part_h8(v, p, n, width, 0);
 #endif
 }
 
@@ -91,10 +136,8 @@ static inline void ln_store_part_f16(uint16_t *p, const float *v, size_t n, size
         _mm256_mask_storeu_epi16(p + j, ln_first16(n > j ? n - j : 0), h);
     }
 #else
-    uint16_t buf[LN_LANES];
     (void)width;
-    ln_store_row_f16(buf, v);
-    memcpy(p, buf, n * sizeof *p);
+    ln_store_part_h8(p, v, n, 0);
 #endif
 }
 
@@ -340,6 +383,26 @@ static inline __m256i ln_bf16_of16(__m256 lo, __m256 hi)
     return _mm256_permute4x64_epi64(_mm256_packus_epi32(ln_bf16_bits(lo), ln_bf16_bits(hi)),
                                     0xd8);
 }
+
+/* Eight floats as bfloat16, in order. */
+static inline __m128i ln_bf16_of8(__m256 f)
+{
+    __m256i h = ln_bf16_bits(f);
+    return _mm_packus_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+}
+
+static inline void ln_load_part_bf16(float *v, const uint16_t *p, size_t n, size_t width)
+{
+    ln_load_part_h8(v, p, n, width, 1);
+}
+
+static inline void ln_store_part_bf16(uint16_t *p, const float *v, size_t n, size_t width)
+{
+    (void)width;
+    ln_store_part_h8(p, v, n, 1);
+}
+#define LN_LOAD_PART_BF16 ln_load_part_bf16
+#define LN_STORE_PART_BF16 ln_store_part_bf16
 
 static inline void ln_load_row_bf16(float *v, const uint16_t *p)
 {
