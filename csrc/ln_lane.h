@@ -333,21 +333,21 @@ LN_ALWAYS_INLINE void LN_FN(group_stats_w)(LN_FN(short_group) *g, const char *x,
 
 #if defined(LN_SHORT_STATS_ROWS)
 /* The level's own short groups (LN_SHORT_STATS_ROWS and
- * LN_SHORT_OUTPUT_ROWS, ln_x86.h, float32 rows) for records of more than
+ * LN_SHORT_OUTPUT_ROWS, ln_x86.h; float compute) for records of more than
  * half a lane row: each record's lanes in registers, its rows left as
- * they are. Records of whole lane rows are read where they are; others
- * are first loaded, zero-padded to their lane width, into the group's
- * rows (group_load). Measured against the transposed form, float32, one
- * thread: LayerNorm (1e6, d) d = 64 0.80x the time, 32 0.70x, 48 0.89x,
- * (1e5, 24) 0.91x, (4096, 64) 0.68x; RMSNorm (1e6, 64) 0.75x. d = 16 and
- * 8 were 1.03-1.12x, and keep it; float16 and bfloat16 rows, converted
- * into the group's rows first, were mixed (0.9-1.1x) and keep it too. */
+ * they are. float32 records of whole lane rows are read where they are;
+ * others are first loaded as floats, zero-padded to their lane width,
+ * into the group's rows (group_load). Measured against the transposed
+ * form, one thread: float32 LayerNorm (1e6, d) d = 64 0.80x the time, 32
+ * 0.70x, 48 0.89x, (1e5, 24) 0.91x, (4096, 64) 0.68x; RMSNorm (1e6, 64)
+ * 0.75x; float16 and bfloat16 (1e6, 64) 0.75x, (1e6, 32) 0.70-0.78x,
+ * (1e5, 24) 0.62-0.69x. d = 16 and 8 were 1.03-1.12x, and keep it. */
 LN_ALWAYS_INLINE int LN_FN(group_in_rows)(size_t d) { return d > LN_LANES / 2; }
 _Static_assert(LN_SHORT_GROUP % 4 == 0, "the level's statistics fill four records at a time");
 
 LN_ALWAYS_INLINE int LN_FN(group_direct)(size_t d)
 {
-    return d == LN_LANES || d == 2 * LN_LANES;
+    return sizeof(LN_S) == sizeof(float) && (d == LN_LANES || d == 2 * LN_LANES);
 }
 
 LN_ALWAYS_INLINE void LN_FN(group_stats_rows)(LN_FN(short_group) *g, const char *x,

@@ -41,6 +41,10 @@
 #if defined(LN_BACK_SUMS_F16)
 #define LN_BACK_SUMS_ROWS LN_BACK_SUMS_F16
 #endif
+#if defined(LN_SHORT_STATS_AVX)
+#define LN_SHORT_STATS_ROWS LN_SHORT_STATS_AVX
+#define LN_SHORT_OUTPUT_ROWS LN_SHORT_OUTPUT_AVX
+#endif
 #if defined(LN_LOAD_ROW_F16)
 #define LN_LOAD_ROW LN_LOAD_ROW_F16
 #define LN_STORE_ROW LN_STORE_ROW_F16
@@ -53,6 +57,8 @@
 #undef LN_LOAD_PART
 #undef LN_STORE_PART
 #undef LN_BACK_SUMS_ROWS
+#undef LN_SHORT_STATS_ROWS
+#undef LN_SHORT_OUTPUT_ROWS
 #define LN_CORE(f) f##_f16
 #define LN_WIDE(f) f##_f16_wide
 #define LN_OPS(f) f##_f16
@@ -80,6 +86,10 @@
 #if defined(LN_BACK_SUMS_BF16)
 #define LN_BACK_SUMS_ROWS LN_BACK_SUMS_BF16
 #endif
+#if defined(LN_SHORT_STATS_AVX)
+#define LN_SHORT_STATS_ROWS LN_SHORT_STATS_AVX
+#define LN_SHORT_OUTPUT_ROWS LN_SHORT_OUTPUT_AVX
+#endif
 #if defined(LN_LOAD_ROW_BF16)
 #define LN_LOAD_ROW LN_LOAD_ROW_BF16
 #define LN_STORE_ROW LN_STORE_ROW_BF16
@@ -97,6 +107,8 @@
 #undef LN_LOAD_PART
 #undef LN_STORE_PART
 #undef LN_BACK_SUMS_ROWS
+#undef LN_SHORT_STATS_ROWS
+#undef LN_SHORT_OUTPUT_ROWS
 #define LN_CORE(f) f##_bf16
 #define LN_WIDE(f) f##_bf16_wide
 #define LN_OPS(f) f##_bf16

@@ -585,8 +585,9 @@ _Static_assert(LN_LANES % 16 == 0 && LN_BLOCK % LN_LANES == 0,
 
 /* ---- short records' forward, AVX2 ------------------------------------- */
 /*
- * The forward of a short group (ln_lane.h: float32 records of more than
- * half and at most two lane rows, read in place or copied zero-padded) with
+ * The forward of a short group (ln_lane.h: records of more than half and
+ * at most two lane rows, float compute, as float rows read in place or
+ * copied zero-padded) with
  * each record's lanes in registers: lane j of ln_contract.h is element j
  * of the row's first lane row (plus element j + 32 of its second), eight
  * lanes a register, and the tree's levels are additions of whole
