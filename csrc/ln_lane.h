@@ -426,12 +426,15 @@ LN_ALWAYS_INLINE void LN_FN(group_stream)(LN_T rows[LN_SHORT_GROUP][2 * LN_LANES
                                           size_t n, size_t d, size_t w)
 {
     _Alignas(64) LN_S buf[LN_SHORT_GROUP * 2 * LN_LANES];
-    for (size_t k = 0; k < n; k++)
-        LN_FN(group_store_row)(buf + k * d, rows[k], d, w);
+    const char *src = (const char *)buf;
+    if (sizeof(LN_S) == sizeof(LN_T) && d == 2 * LN_LANES)
+        src = (const char *)rows; /* float32 rows of two lane rows: packed already */
+    else
+        for (size_t k = 0; k < n; k++)
+            LN_FN(group_store_row)(buf + k * d, rows[k], d, w);
     size_t bytes = n * d * sizeof(LN_S), head = (64 - (uintptr_t)y % 64) % 64;
     head = head < bytes ? head : bytes;
     size_t mid = (bytes - head) / 64 * 64;
-    const char *src = (const char *)buf;
     memcpy(y, src, head);
     LN_STREAM_BYTES((void *)(y + head), src + head, mid);
     memcpy(y + head + mid, src + head + mid, bytes - head - mid);
