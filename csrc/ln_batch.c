@@ -305,8 +305,6 @@ static ln_rows rows_of(const ln_batch_ctx *c, ln_worker *wk, size_t n, ln_stats 
     return rows;
 }
 
-/* Records [r, r + n) from rows x and dy to rows y (x_row, dy_row and
- * y_row bytes apart; direct), the parameters fixed. */
 /* Records [r, r + n)'s values of a per-record scalar operand (eps, a
  * given mean) as doubles; a broadcast one (row stride 0: the usual
  * scalar eps) is read once, not once a record. */
@@ -322,6 +320,8 @@ static void read_scalars(const ln_operand *op, size_t r, size_t n, double *out)
         out[k] = ln_read_scalar(op, r + k);
 }
 
+/* Records [r, r + n) from rows x and dy to rows y (x_row, dy_row and
+ * y_row bytes apart; direct), the parameters fixed. */
 static int run_rows(const ln_batch_ctx *c, ln_worker *wk, size_t r, size_t n, const char *x,
                     ptrdiff_t x_row, const char *dy, ptrdiff_t dy_row, char *y,
                     ptrdiff_t y_row, int stream)

@@ -192,6 +192,38 @@ LN_ALWAYS_INLINE size_t LN_FN(group_width)(size_t d)
     return d > LN_SHORT / 4 ? LN_SHORT / 2 : LN_SHORT / 4;
 }
 
+/* 1 / sqrt(var + eps) of the group's first `count` records (eps 0 past
+ * the n records there are, and for an invalid one: those records are
+ * not kept). */
+LN_ALWAYS_INLINE void LN_FN(group_rstd)(LN_FN(short_group) *g, size_t count, size_t n,
+                                        const double *eps)
+{
+    for (size_t k = 0; k < count; k++) {
+        double e = k < n && ln_eps_is_valid(eps[k]) ? eps[k] : 0.0;
+        g->rstd[k] = 1.0 / sqrt(g->var[k] + e); /* ln_inverse_std for valid eps */
+    }
+}
+
+/* The output pass's factor r and offset c (ln_elem.h) of the first
+ * `count` records, in the compute type. */
+LN_ALWAYS_INLINE void LN_FN(group_scale)(const LN_FN(short_group) *g, size_t count,
+                                         LN_T r[LN_SHORT_GROUP], LN_T c[LN_SHORT_GROUP])
+{
+    for (size_t k = 0; k < count; k++) {
+        r[k] = (LN_T)g->rstd[k];
+        c[k] = LN_FN(offset)(g->lo[k], r[k]);
+    }
+}
+
+/* Are all of the n records kept? */
+LN_ALWAYS_INLINE int LN_FN(group_all_kept)(const int *keep, size_t n)
+{
+    int all = 1;
+    for (size_t k = 0; k < n; k++)
+        all &= keep[k] != 0;
+    return all;
+}
+
 /* The tree over the first w lanes of t, across the group. */
 LN_ALWAYS_INLINE void LN_FN(group_tree)(double t[LN_LANES][LN_SHORT_GROUP], size_t w)
 {
@@ -322,13 +354,12 @@ LN_ALWAYS_INLINE void LN_FN(group_stats_w)(LN_FN(short_group) *g, const char *x,
     LN_FN(group_lanes)(v, d, w, hi, lo, 0, t);
     LN_FN(group_tree)(t, w);
     for (size_t k = 0; k < LN_SHORT_GROUP; k++) {
-        double e = k < n && ln_eps_is_valid(eps[k]) ? eps[k] : 0.0;
         g->mean[k] = mean[k];
         g->hi[k] = hi[k];
         g->lo[k] = lo[k];
         g->var[k] = t[0][k] / dd;
-        g->rstd[k] = 1.0 / sqrt(g->var[k] + e); /* ln_inverse_std for valid eps */
     }
+    LN_FN(group_rstd)(g, LN_SHORT_GROUP, n, eps);
 }
 
 #if defined(LN_SHORT_STATS_ROWS)
@@ -362,10 +393,7 @@ LN_ALWAYS_INLINE void LN_FN(group_stats_rows)(LN_FN(short_group) *g, const char 
         src_row = (ptrdiff_t)sizeof g->rows[0];
     }
     LN_SHORT_STATS_ROWS(src, src_row, n, d, rms, g->mean, g->var, g->hi, g->lo);
-    for (size_t k = 0; k < n; k++) {
-        double e = ln_eps_is_valid(eps[k]) ? eps[k] : 0.0;
-        g->rstd[k] = 1.0 / sqrt(g->var[k] + e); /* ln_inverse_std for valid eps */
-    }
+    LN_FN(group_rstd)(g, n, n, eps);
 }
 #endif
 
@@ -448,10 +476,7 @@ LN_ALWAYS_INLINE void LN_FN(group_put)(LN_T rows[LN_SHORT_GROUP][2 * LN_LANES], 
                                        int stream, size_t w)
 {
 #if defined(LN_STREAM_BYTES)
-    int all = 1;
-    for (size_t k = 0; k < n; k++)
-        all &= keep[k] != 0;
-    if (stream && all && y_row == (ptrdiff_t)(d * sizeof(LN_S)) && d * sizeof(LN_S) >= 128) {
+    if (stream && LN_FN(group_all_kept)(keep, n) && y_row == (ptrdiff_t)(d * sizeof(LN_S)) && d * sizeof(LN_S) >= 128) {
         LN_FN(group_stream)(rows, y, n, d, w);
         return;
     }
@@ -472,10 +497,7 @@ LN_ALWAYS_INLINE void LN_FN(group_output_d)(LN_FN(short_group) *g, char *y, ptrd
                                             int stream, size_t w)
 {
     LN_T r[LN_SHORT_GROUP], c[LN_SHORT_GROUP];
-    for (size_t k = 0; k < LN_SHORT_GROUP; k++) {
-        r[k] = (LN_T)g->rstd[k];
-        c[k] = LN_FN(offset)(g->lo[k], r[k]);
-    }
+    LN_FN(group_scale)(g, LN_SHORT_GROUP, r, c);
     for (size_t j = 0; j < w; j++)
         for (size_t k = 0; k < LN_SHORT_GROUP; k++)
             g->v[j][k] = LN_FN(affine)(LN_FN(normalize)(g->v[j][k], g->hi[k], r[k], c[k]),
@@ -493,24 +515,18 @@ LN_ALWAYS_INLINE void LN_FN(group_output_rows)(LN_FN(short_group) *g, const char
                                                int stream)
 {
     LN_T r[LN_SHORT_GROUP], c[LN_SHORT_GROUP];
-    size_t w = LN_FN(group_width)(d);
-    for (size_t k = 0; k < n; k++) {
-        r[k] = (LN_T)g->rstd[k];
-        c[k] = LN_FN(offset)(g->lo[k], r[k]);
-    }
+    LN_FN(group_scale)(g, n, r, c);
     int direct = LN_FN(group_direct)(d);
     const char *src = direct ? x : (const char *)g->rows;
     ptrdiff_t src_row = direct ? x_row : (ptrdiff_t)sizeof g->rows[0];
-    int all = 1;
-    for (size_t k = 0; k < n; k++)
-        all &= keep[k] != 0;
-    if (direct && all && !stream) { /* straight into y */
+    if (direct && !stream && LN_FN(group_all_kept)(keep, n)) { /* straight into y */
         LN_SHORT_OUTPUT_ROWS(src, src_row, y, y_row, n, d, g->hi, r, c, wp, bp);
         return;
     }
     LN_SHORT_OUTPUT_ROWS(src, src_row, (char *)g->rows, (ptrdiff_t)sizeof g->rows[0], n, d, g->hi,
                          r, c, wp, bp);
-    LN_FN(group_put)(g->rows, y, y_row, n, d, keep, stream, d > LN_LANES ? 2 * LN_LANES : w);
+    LN_FN(group_put)(g->rows, y, y_row, n, d, keep, stream,
+                     d > LN_LANES ? 2 * LN_LANES : LN_FN(group_width)(d));
 }
 #endif
 

@@ -608,19 +608,18 @@ static inline __m256 ln_lane_mask8(size_t d, size_t j)
                                                     _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))));
 }
 
-/* A record's block lanes (nv registers, lanes 8q..8q+7 in a[q]) as
- * doubles through the tree's levels (ln_contract.h, item 3) down to four
- * lanes: lanes 0..3 of the tree in one register. Lanes past the nv
- * registers are +0.0 and would change nothing. (0.0 + a lane, its total,
- * is the lane itself: block lanes are never -0.0.) */
-static inline __attribute__((always_inline)) __m256d ln_tree_to4(const __m256 a[4], int nv)
+/* A record's 32 block lanes (lanes 8q..8q+7 in a[q]) as doubles through
+ * the tree's levels (ln_contract.h, item 3) down to four lanes: lanes
+ * 0..3 of the tree in one register. (0.0 + a lane, its total, is the
+ * lane itself: block lanes are never -0.0.) */
+static inline __attribute__((always_inline)) __m256d ln_tree_to4(const __m256 a[4])
 {
     __m256d t[8];
-    for (int q = 0; q < nv; q++) {
+    for (int q = 0; q < 4; q++) {
         t[2 * q] = _mm256_cvtps_pd(_mm256_castps256_ps128(a[q]));
         t[2 * q + 1] = _mm256_cvtps_pd(_mm256_extractf128_ps(a[q], 1));
     }
-    for (int h = nv; h >= 1; h /= 2) /* registers 4 h lanes apart */
+    for (int h = 4; h >= 1; h /= 2) /* registers 4 h lanes apart */
         for (int i = 0; i < h; i++)
             t[i] = _mm256_add_pd(t[i], t[i + h]);
     return t[0];
@@ -639,8 +638,9 @@ static inline __m256d ln_tree_last4(const __m256d r[4])
 }
 
 /* The statistics of n records (float rows src_row bytes apart, nv
- * registers of them read: 4 for one lane row, 8 for two; lanes
- * past d masked, or, full, none past d), four records at a time (the
+ * registers of them read: 4 for one lane row, 8 for two, the first
+ * four summed into the lanes and the others added to them; lanes past d
+ * masked, or, full, none past d), four records at a time (the
  * last four repeat the last record; the outputs have room for a
  * multiple of four): the mean by the shifted first pass (item 4) and its
  * split hi + lo (or, rms, zeros), and the variance by the centered
@@ -649,7 +649,6 @@ static inline __attribute__((always_inline)) void
 ln_short_stats_nv(const char *src, ptrdiff_t src_row, size_t n, size_t d, int rms,
                   double *mean, double *var, float *hi, float *lo, int nv, int full)
 {
-    const int n1 = nv < 4 ? nv : 4; /* registers of the first lane row */
     const __m256d dd = _mm256_set1_pd((double)d);
     const __m256 zero = _mm256_setzero_ps();
     __m256 m[8];
@@ -668,13 +667,13 @@ ln_short_stats_nv(const char *src, ptrdiff_t src_row, size_t n, size_t d, int rm
         } else {
             for (int i = 0; i < 4; i++) { /* the sum of x - x[0] */
                 __m256 a[4], x0 = _mm256_set1_ps(p[i][0]);
-                for (int q = 0; q < n1; q++)
+                for (int q = 0; q < 4; q++)
                     a[q] = _mm256_add_ps(
                         zero, LN_MASKED(q, _mm256_sub_ps(_mm256_loadu_ps(p[i] + 8 * q), x0)));
                 for (int q = 4; q < nv; q++)
                     a[q - 4] = _mm256_add_ps(
                         a[q - 4], LN_MASKED(q, _mm256_sub_ps(_mm256_loadu_ps(p[i] + 8 * q), x0)));
-                r[i] = ln_tree_to4(a, n1);
+                r[i] = ln_tree_to4(a);
             }
             __m256d x0 = _mm256_cvtps_pd(_mm_setr_ps(p[0][0], p[1][0], p[2][0], p[3][0]));
             __m256d mu = _mm256_add_pd(x0, _mm256_div_pd(ln_tree_last4(r), dd));
@@ -685,7 +684,7 @@ ln_short_stats_nv(const char *src, ptrdiff_t src_row, size_t n, size_t d, int rm
         }
         for (int i = 0; i < 4; i++) { /* the squares of (x - hi) - lo */
             __m256 a[4], h = _mm256_set1_ps(hi[k + i]), l = _mm256_set1_ps(lo[k + i]);
-            for (int q = 0; q < n1; q++) {
+            for (int q = 0; q < 4; q++) {
                 __m256 c = LN_MASKED(
                     q, _mm256_sub_ps(_mm256_sub_ps(_mm256_loadu_ps(p[i] + 8 * q), h), l));
                 a[q] = _mm256_fmadd_ps(c, c, zero);
@@ -695,7 +694,7 @@ ln_short_stats_nv(const char *src, ptrdiff_t src_row, size_t n, size_t d, int rm
                     q, _mm256_sub_ps(_mm256_sub_ps(_mm256_loadu_ps(p[i] + 8 * q), h), l));
                 a[q - 4] = _mm256_fmadd_ps(c, c, a[q - 4]);
             }
-            r[i] = ln_tree_to4(a, n1);
+            r[i] = ln_tree_to4(a);
         }
         _mm256_storeu_pd(var + k, _mm256_div_pd(ln_tree_last4(r), dd));
     }
@@ -727,19 +726,17 @@ ln_short_output_nv(const char *src, ptrdiff_t src_row, char *dst, ptrdiff_t dst_
     }
 }
 
-/* The registers a short record's row fills (ln_lane.h gives this level
- * records of more than half a lane row): one lane row, or two. */
-static inline int ln_short_regs(size_t d) { return d > LN_LANES ? 8 : 4; }
-
 static void ln_short_stats_avx2(const char *src, ptrdiff_t src_row, size_t n, size_t d, int rms,
                                 double *mean, double *var, float *hi, float *lo)
 {
-    switch (ln_short_regs(d) + 16 * (d == LN_LANES || d == 2 * LN_LANES)) {
-    case 4: ln_short_stats_nv(src, src_row, n, d, rms, mean, var, hi, lo, 4, 0); break;
-    case 8: ln_short_stats_nv(src, src_row, n, d, rms, mean, var, hi, lo, 8, 0); break;
-    case 20: ln_short_stats_nv(src, src_row, n, d, rms, mean, var, hi, lo, 4, 1); break;
-    default: ln_short_stats_nv(src, src_row, n, d, rms, mean, var, hi, lo, 8, 1); break;
-    }
+    if (d == LN_LANES) /* whole lane rows: no lane past d */
+        ln_short_stats_nv(src, src_row, n, d, rms, mean, var, hi, lo, 4, 1);
+    else if (d == 2 * LN_LANES)
+        ln_short_stats_nv(src, src_row, n, d, rms, mean, var, hi, lo, 8, 1);
+    else if (d > LN_LANES)
+        ln_short_stats_nv(src, src_row, n, d, rms, mean, var, hi, lo, 8, 0);
+    else
+        ln_short_stats_nv(src, src_row, n, d, rms, mean, var, hi, lo, 4, 0);
 }
 
 /* One affine case of the outputs (w, b constant or NULL where inlined). */
@@ -748,10 +745,12 @@ ln_short_output_wb(const char *src, ptrdiff_t src_row, char *dst, ptrdiff_t dst_
                    size_t d, const float *hi, const float *r, const float *c, const float *w,
                    const float *b)
 {
-    if (ln_short_regs(d) == 4)
-        ln_short_output_nv(src, src_row, dst, dst_row, n, hi, r, c, w, b, 4);
-    else
+    /* ln_lane.h gives this level records of more than half a lane row:
+     * one lane row (four registers), or two */
+    if (d > LN_LANES)
         ln_short_output_nv(src, src_row, dst, dst_row, n, hi, r, c, w, b, 8);
+    else
+        ln_short_output_nv(src, src_row, dst, dst_row, n, hi, r, c, w, b, 4);
 }
 
 static void ln_short_output_avx2(const char *src, ptrdiff_t src_row, char *dst, ptrdiff_t dst_row,
