@@ -65,11 +65,14 @@ def _da() -> Any:
 def kind(*objs: object) -> Optional[str]:
     """``"xarray"`` if any argument is an xarray DataArray, ``"dask"`` if
     any is a dask array, else None."""
-    xr = sys.modules.get("xarray")
-    if xr is not None and any(isinstance(o, xr.DataArray) for o in objs):
+    # Only modules already imported are looked at, and a module another
+    # thread is still importing (a dask worker unpickling its first task)
+    # may lack the class yet: no argument can be one of its instances then.
+    data_array = getattr(sys.modules.get("xarray"), "DataArray", None)
+    if data_array is not None and any(isinstance(o, data_array) for o in objs):
         return "xarray"
-    da = sys.modules.get("dask.array")
-    if da is not None and any(isinstance(o, da.Array) for o in objs):
+    array = getattr(sys.modules.get("dask.array"), "Array", None)
+    if array is not None and any(isinstance(o, array) for o in objs):
         return "dask"
     return None
 

@@ -96,3 +96,20 @@ def test_output_keeps_any_axis_order(perm, axis):
     assert np.argsort(y.strides).tolist() == np.argsort(x.strides).tolist()
     want = lnc.layer_norm(np.ascontiguousarray(x), axis=axis)
     assert_same_bits(y, want)
+
+
+@pytest.mark.parametrize("name", ["dask.array", "xarray"])
+def test_a_lazy_library_still_being_imported_is_not_consulted(name, monkeypatch):
+    """A dask worker may run a task while another of its threads is still
+    importing dask.array (or xarray): the module is in sys.modules without
+    its classes yet. NumPy arguments are then simply not lazy ones.
+    (Regression: AttributeError "partially initialized module 'dask.array'
+    has no attribute 'Array'" in a LocalCluster of processes.)"""
+    import sys
+    import types
+
+    monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    x = np.arange(8.0).reshape(2, 4)
+    y = lnc.layer_norm(x, axis=(1,))  # a tuple axis: the general path, which asks
+    monkeypatch.undo()
+    assert_same_bits(y, lnc.layer_norm(x))
