@@ -39,8 +39,8 @@ static void LN_OPS(ln_stats)(const LN_S *x, size_t d, ln_stats *st, int rms)
  * 1/std, from a huge eps, has lost digits). */
 static int LN_OPS(fits_float)(double var, double rstd)
 {
-    return var >= LN_F32_VAR_MIN && var <= LN_F32_VAR_MAX && rstd >= FLT_MIN &&
-           rstd <= FLT_MAX;
+    return (var >= LN_F32_VAR_MIN) & (var <= LN_F32_VAR_MAX) & (rstd >= FLT_MIN) &
+           (rstd <= FLT_MAX);
 }
 
 static int LN_OPS(ln_output)(const LN_S *x, LN_S *y, size_t d, const LN_P *w,
@@ -368,8 +368,8 @@ static int LN_OPS(forward_mean)(const LN_S *x, size_t d, ln_spare *spare, double
 LN_ALWAYS_INLINE int LN_OPS(forward_var_ok)(double mean, double md, double ms)
 {
     double var = ms - md * md;
-    return isfinite(mean) && isfinite(md) && md * md <= 0.25 * ms &&
-           var >= LN_QUICK_VAR_MIN && var <= LN_QUICK_VAR_MAX;
+    return isfinite(mean) & isfinite(md) & (md * md <= 0.25 * ms) & (var >= LN_QUICK_VAR_MIN) &
+           (var <= LN_QUICK_VAR_MAX);
 }
 
 /* ... or from the sums. */
@@ -388,7 +388,7 @@ static int LN_OPS(coef_in_range)(const ln_back_coef *c)
 #if defined(LN_WIDE)
     return LN_OPS(fits_float)(c->var, c->rstd);
 #else
-    return isfinite(c->mean) && c->var >= LN_F64_VAR_MIN && c->var <= DBL_MAX;
+    return isfinite(c->mean) & (c->var >= LN_F64_VAR_MIN) & (c->var <= DBL_MAX);
 #endif
 }
 
@@ -546,19 +546,6 @@ static void LN_OPS(back_finish)(const ln_rows *r, const LN_OPS(back_prep) *p, si
 }
 
 #if defined(LN_HAS_SHORT_ROWS)
-/* The coefficients of a group's records and which of them the group
- * finishes: coef_of and back_short_plain for each record, the same
- * operations, in loops across the group that the compiler vectorizes
- * (record by record, their divisions, square roots and branches had taken
- * a fifth of a float32 (1e6, 16) backward). A record whose eps is invalid,
- * or whose var + eps overflows (ln_inverse_std's other formula), is left
- * to back_record, which computes it alone, as are records past n. */
-typedef struct {
-    ln_back_coef c[LN_SHORT_GROUP];
-    int keep[LN_SHORT_GROUP];
-    int levels; /* 3 when a kept record deposits all three levels, else 2 */
-} LN_OPS(group_coef);
-
 /* Sixteen records' coefficients, arithmetic only: a loop per op over
  * arrays of each field (the compiler vectorizes it; not through an array
  * of ln_back_coef). */
@@ -566,6 +553,20 @@ typedef struct {
     double mean[LN_SHORT_GROUP], var[LN_SHORT_GROUP], rstd[LN_SHORT_GROUP];
     double a[LN_SHORT_GROUP], bm[LN_SHORT_GROUP], md[LN_SHORT_GROUP];
 } LN_OPS(group_values);
+
+/* The coefficients of a group's records and which of them the group
+ * finishes: coef_of and back_record's tests for each record, the same
+ * operations, in loops across the group that the compiler vectorizes
+ * (record by record, their divisions, square roots and branches had taken
+ * a fifth of a float32 (1e6, 16) backward, and the tests alone, with
+ * their branches, a fifth again). A record whose eps is invalid, or whose
+ * var + eps overflows (ln_inverse_std's other formula), is left to
+ * back_record, which computes it alone, as are records past n. */
+typedef struct {
+    LN_OPS(group_values) v;
+    int keep[LN_SHORT_GROUP];
+    int levels; /* 3 when a kept record deposits all three levels, else 2 */
+} LN_OPS(group_coef);
 
 LN_ALWAYS_INLINE void LN_OPS(put_coef)(LN_OPS(group_values) *v, size_t k, const ln_back_coef *c)
 {
@@ -614,28 +615,36 @@ static void LN_OPS(group_coefs)(const LN_CORE(back_group) *bg, const ln_rows *r,
         valid[k] = k < n && ln_eps_is_valid(r->eps[k0 + k]);
         eps[k] = valid[k] ? r->eps[k0 + k] : 0.0;
     }
-    LN_OPS(group_values) v;
-    LN_OPS(group_values_of)(bg, r->d, eps, rms, &v);
+    LN_OPS(group_values) *v = &gc->v;
+    LN_OPS(group_values_of)(bg, r->d, eps, rms, v);
     double ms[LN_SHORT_GROUP]; /* forward_var_ok's, vectorized: c.md is its md */
     for (size_t k = 0; k < LN_SHORT_GROUP; k++)
         ms[k] = bg->stt[k] / (double)r->d;
-    int levels = 2;
+    /* back_record's tests, without branches (ln_deposit_path's plain
+     * sums, never kept, are the same for every record) */
+    int finite[LN_SHORT_GROUP]; /* class 1; a loop of its own for each norm */
+    for (size_t k = 0; k < LN_SHORT_GROUP; k++) {
+        ln_back_sums s = {.st = bg->st[k], .stt = bg->stt[k], .g = bg->g[k], .gt = bg->gt[k]};
+        ln_back_coef c = LN_OPS(get_coef)(v, k);
+        if (rms)
+            finite[k] = ln_rms_x_finite(&s, &c) & ln_rms_dy_finite(&s);
+        else
+            finite[k] = ln_back_x_finite(&s, &c) & ln_back_dy_finite(&s);
+    }
+    int plain = r->dw && r->dw->plain, own_mean = !rms && !r->mean, three = 0;
     for (size_t k = 0; k < LN_SHORT_GROUP; k++) {
         ln_back_sums s = {.st = bg->st[k], .stt = bg->stt[k], .g = bg->g[k], .gt = bg->gt[k],
                           .max_dy = bg->max_dy[k], .max_t = bg->max_t[k]};
-        ln_back_coef c = LN_OPS(get_coef)(&v, k);
-        int rc = rms ? ln_rms_coef_class(&s, &c) : ln_back_coef_class(&s, &c);
-        int path = ln_deposit_path(&s, &c, r->dw);
-        int keep = valid[k] && rc == 1 && c.var + eps[k] <= DBL_MAX &&
-                   (rms || r->mean || LN_OPS(forward_var_ok)(bg->mean[k], c.md, ms[k])) &&
-                   LN_OPS(coef_in_range)(&c) &&
-                   ln_back_fits(&s, &c, r->w_max, LN_CT_MIN, LN_CT_MAX) &&
-                   (path == LN_DEPOSIT_2 || path == LN_DEPOSIT_3);
-        gc->c[k] = c;
+        ln_back_coef c = LN_OPS(get_coef)(v, k);
+        int levels = ln_deposit_levels(&s, &c);
+        int keep = valid[k] & finite[k] & (c.var + eps[k] <= DBL_MAX) &
+                   (!own_mean | LN_OPS(forward_var_ok)(bg->mean[k], c.md, ms[k])) &
+                   LN_OPS(coef_in_range)(&c) &
+                   ln_back_fits(&s, &c, r->w_max, LN_CT_MIN, LN_CT_MAX) & (levels != 0) & !plain;
         gc->keep[k] = keep;
-        levels = keep && path == LN_DEPOSIT_3 ? 3 : levels;
+        three |= keep & (levels == 3);
     }
-    gc->levels = levels;
+    gc->levels = three ? 3 : 2;
 }
 
 /* The backward of short records a group at a time (ln_lane.h's
@@ -664,12 +673,11 @@ LN_ALWAYS_INLINE int LN_OPS(back_short_rows_d)(const ln_rows *r, int rms, size_t
             LN_OPS(group_coefs)(&bg, r, k0, n, rms, &gc);
             keep = gc.keep;
             for (size_t k = 0; k < LN_SHORT_GROUP; k++) {
-                const ln_back_coef *c = &gc.c[k];
-                hi[k] = (LN_CT)c->mean;
-                rs[k] = (LN_CT)c->rstd;
-                off[k] = LN_CORE(offset)((LN_CT)(c->mean - (double)hi[k]), rs[k]);
-                a[k] = (LN_CT)c->a;
-                bm[k] = (LN_CT)c->bm;
+                hi[k] = (LN_CT)gc.v.mean[k];
+                rs[k] = (LN_CT)gc.v.rstd[k];
+                off[k] = LN_CORE(offset)((LN_CT)(gc.v.mean[k] - (double)hi[k]), rs[k]);
+                a[k] = (LN_CT)gc.v.a[k];
+                bm[k] = (LN_CT)gc.v.bm[k];
             }
             LN_CORE(back_group_output)(&bg, (char *)r->y + (ptrdiff_t)k0 * r->y_row, r->y_row,
                                        n, d, wp, hi, rs, off, a, bm, keep, r->dw, r->db,

@@ -189,12 +189,21 @@ static inline void ln_back_coef_values(const ln_back_sums *s, double m0, size_t 
 
 /* ... and what they tell of the record: 1 if it is finite, 0 if its x is
  * not (or it is constant with eps = 0: 0/0), -1 if only its dy (or
- * dy * weight) is not. */
+ * dy * weight) is not. The tests are written with & rather than && (the
+ * same values) so that a loop of them across a group has no branches and
+ * vectorizes. */
+static inline int ln_back_x_finite(const ln_back_sums *s, const ln_back_coef *c)
+{
+    return isfinite(s->st + s->stt) & isfinite(c->mean) & !(c->rstd > DBL_MAX);
+}
+
+static inline int ln_back_dy_finite(const ln_back_sums *s) { return isfinite(s->g + s->gt); }
+
 static inline int ln_back_coef_class(const ln_back_sums *s, const ln_back_coef *c)
 {
-    if (!isfinite(s->st + s->stt) || !isfinite(c->mean) || c->rstd > DBL_MAX)
+    if (!ln_back_x_finite(s, c))
         return 0;
-    return isfinite(s->g + s->gt) ? 1 : -1;
+    return ln_back_dy_finite(s) ? 1 : -1;
 }
 
 static inline int ln_back_coef_of(const ln_back_sums *s, double m0, size_t d, double eps,
@@ -218,11 +227,18 @@ static inline void ln_rms_coef_values(const ln_back_sums *s, size_t d, double ep
     c->bm = c->rstd * s->gt / (double)d;
 }
 
+static inline int ln_rms_x_finite(const ln_back_sums *s, const ln_back_coef *c)
+{
+    return isfinite(s->stt) & !(c->rstd > DBL_MAX);
+}
+
+static inline int ln_rms_dy_finite(const ln_back_sums *s) { return isfinite(s->gt); }
+
 static inline int ln_rms_coef_class(const ln_back_sums *s, const ln_back_coef *c)
 {
-    if (!isfinite(s->stt) || c->rstd > DBL_MAX)
+    if (!ln_rms_x_finite(s, c))
         return 0;
-    return isfinite(s->gt) ? 1 : -1;
+    return ln_rms_dy_finite(s) ? 1 : -1;
 }
 
 static inline int ln_rms_coef_of(const ln_back_sums *s, size_t d, double eps, ln_back_coef *c)
@@ -250,26 +266,30 @@ static inline int ln_back_fits(const ln_back_sums *s, const ln_back_coef *c, dou
 {
     double xh = ln_xhat_bound(s, c);
     double p = (s->max_dy * w_max + fabs(c->a) + xh * fabs(c->bm)) * 1.01;
-    return c->rstd >= min && c->rstd <= max && p <= max;
+    return (c->rstd >= min) & (c->rstd <= max) & (p <= max);
 }
 
-/* The deposit path of a record from bounds on its terms |dy| and
- * |dy * xhat| (ln_xhat_bound). LN_DEPOSIT_PLAIN: the benchmark's
+/* How many levels a record's terms need on the vector path, from bounds
+ * on its terms |dy| and |dy * xhat| (ln_xhat_bound): 2, 3, or 0 (a term
+ * too large for the vector path, or NaN). */
+static inline int ln_deposit_levels(const ln_back_sums *s, const ln_back_coef *c)
+{
+    double term = s->max_dy * ln_xhat_bound(s, c);
+    int two = (s->max_dy < LN_ACC_SMALL) & (term < LN_ACC_SMALL);
+    int three = (s->max_dy < LN_ACC_LIMIT) & (term < LN_ACC_LIMIT);
+    return three * (3 - two); /* LN_ACC_SMALL < LN_ACC_LIMIT: two implies three */
+}
+
+/* The deposit path of a record. LN_DEPOSIT_PLAIN: the benchmark's
  * baseline of plain float64 sums (ln_acc.plain), never the library's. */
 static inline int ln_deposit_path(const ln_back_sums *s, const ln_back_coef *c,
                                   const ln_acc *dw)
 {
     if (dw && dw->plain)
         return LN_DEPOSIT_PLAIN;
-    double xh = ln_xhat_bound(s, c);
-    double term = s->max_dy * xh;
-    if (s->max_dy < LN_ACC_SMALL && term < LN_ACC_SMALL)
-        return LN_DEPOSIT_2;
-    if (s->max_dy < LN_ACC_LIMIT && term < LN_ACC_LIMIT)
-        return LN_DEPOSIT_3;
-    return LN_DEPOSIT_SCALAR;
+    int levels = ln_deposit_levels(s, c);
+    return levels == 2 ? LN_DEPOSIT_2 : levels == 3 ? LN_DEPOSIT_3 : LN_DEPOSIT_SCALAR;
 }
-
 /* What a lane-form backward loop deposits: nothing, both sums on three or
  * on two levels, only dweight's (RMSNorm has no bias), or the benchmark's
  * plain float64 sums. Always a constant
