@@ -224,16 +224,36 @@ LN_ALWAYS_INLINE int LN_FN(group_all_kept)(const int *keep, size_t n)
     return all;
 }
 
-/* The tree over the first w lanes of t, across the group. */
-LN_ALWAYS_INLINE void LN_FN(group_tree)(double t[LN_LANES][LN_SHORT_GROUP], size_t w)
+/* Each record's total of the group's first w lanes u (those past the
+ * record's d features +0.0): the lanes widened to double and added by the
+ * tree over w lanes. A block of LN_TOTAL_BLOCK records at a time, the
+ * tree's first level added as the lanes are widened, so that the block's
+ * lanes stay in registers (the whole group through memory, the
+ * conversions' stores and the tree's loads and stores had taken a sixth
+ * of a short backward). */
+#define LN_TOTAL_BLOCK 4
+_Static_assert(LN_SHORT_GROUP % LN_TOTAL_BLOCK == 0, "the group is whole blocks");
+LN_ALWAYS_INLINE void LN_FN(group_total)(LN_T u[LN_LANES][LN_SHORT_GROUP], size_t w,
+                                         double out[LN_SHORT_GROUP])
 {
-    LN_UNROLL
-    for (size_t h = w / 2; h >= 1; h /= 2)
+    for (size_t k0 = 0; k0 < LN_SHORT_GROUP; k0 += LN_TOTAL_BLOCK) {
+        double t[LN_LANES / 2][LN_TOTAL_BLOCK];
+        size_t h = w / 2;
         LN_UNROLL
         for (size_t j = 0; j < h; j++)
-            for (size_t k = 0; k < LN_SHORT_GROUP; k++)
-                t[j][k] += t[j + h][k];
+            for (size_t k = 0; k < LN_TOTAL_BLOCK; k++)
+                t[j][k] = (double)u[j][k0 + k] + (double)u[j + h][k0 + k];
+        LN_UNROLL
+        for (h /= 2; h >= 1; h /= 2)
+            LN_UNROLL
+            for (size_t j = 0; j < h; j++)
+                for (size_t k = 0; k < LN_TOTAL_BLOCK; k++)
+                    t[j][k] += t[j + h][k];
+        for (size_t k = 0; k < LN_TOTAL_BLOCK; k++)
+            out[k0 + k] = t[0][k];
+    }
 }
+#undef LN_TOTAL_BLOCK
 
 /* A square block of LN_TBLOCK x LN_TBLOCK values transposed by the
  * level's hooks (x86: 8 floats or 4 doubles, one AVX register a row). */
@@ -291,27 +311,15 @@ LN_ALWAYS_INLINE void LN_FN(group_load)(LN_T rows[LN_SHORT_GROUP][2 * LN_LANES],
     }
 }
 
-/* The group's first d lanes u as doubles in t, then 0.0 up to w. */
-LN_ALWAYS_INLINE void LN_FN(group_widen)(LN_T u[LN_LANES][LN_SHORT_GROUP], size_t d, size_t w,
-                                         double t[LN_LANES][LN_SHORT_GROUP])
-{
-    for (size_t j = 0; j < d; j++)
-        for (size_t k = 0; k < LN_SHORT_GROUP; k++)
-            t[j][k] = (double)u[j][k];
-    for (size_t j = d; j < w; j++)
-        for (size_t k = 0; k < LN_SHORT_GROUP; k++)
-            t[j][k] = 0.0;
-}
-
-/* The group's block lanes of the statistics, as doubles in t: u_j, plus
- * u_(j + LN_LANES) in the second lane row (LN_T, in that order), then 0.0
- * up to w. shifted: u = x - x[0] ((T)0 + u, the block lane, is never
+/* Each record's total of the statistics' block lanes u_j, plus
+ * u_(j + LN_LANES) in the second lane row (LN_T, in that order), by
+ * group_total. shifted: u = x - x[0] ((T)0 + u, the block lane, is never
  * -0.0, and 0.0 + it is the total lane); else u = fma(c, c, lane) with c
  * the centered value (for RMSNorm, x itself: hi = lo = 0). */
 LN_ALWAYS_INLINE void LN_FN(group_lanes)(LN_T v[2 * LN_LANES][LN_SHORT_GROUP], size_t d,
                                          size_t w, const LN_T hi[LN_SHORT_GROUP],
                                          const LN_T lo[LN_SHORT_GROUP], int shifted,
-                                         double t[LN_LANES][LN_SHORT_GROUP])
+                                         double out[LN_SHORT_GROUP])
 {
     size_t d1 = d < LN_LANES ? d : LN_LANES, d2 = d > LN_LANES ? d - LN_LANES : 0;
     LN_T u[LN_LANES][LN_SHORT_GROUP];
@@ -324,7 +332,10 @@ LN_ALWAYS_INLINE void LN_FN(group_lanes)(LN_T v[2 * LN_LANES][LN_SHORT_GROUP], s
             u[j][k] = shifted ? u[j][k] + (v[LN_LANES + j][k] - v[0][k])
                               : LN_FN(add_square)(u[j][k], LN_FN(center)(v[LN_LANES + j][k],
                                                                          hi[k], lo[k]));
-    LN_FN(group_widen)(u, d1, w, t);
+    for (size_t j = d1; j < w; j++)
+        for (size_t k = 0; k < LN_SHORT_GROUP; k++)
+            u[j][k] = 0;
+    LN_FN(group_total)(u, w, out);
 }
 
 LN_ALWAYS_INLINE void LN_FN(group_stats_w)(LN_FN(short_group) *g, const char *x,
@@ -333,7 +344,7 @@ LN_ALWAYS_INLINE void LN_FN(group_stats_w)(LN_FN(short_group) *g, const char *x,
 {
     LN_T (*v)[LN_SHORT_GROUP] = g->v, rows[LN_SHORT_GROUP][2 * LN_LANES];
     LN_T hi[LN_SHORT_GROUP], lo[LN_SHORT_GROUP];
-    double t[LN_LANES][LN_SHORT_GROUP], mean[LN_SHORT_GROUP], dd = (double)d;
+    double t[LN_SHORT_GROUP], mean[LN_SHORT_GROUP], dd = (double)d;
     size_t wv = d > LN_LANES ? 2 * LN_LANES : w; /* the rows' width */
     LN_FN(group_load)(rows, x, x_row, n, d, w);
     LN_FN(transpose)(&v[0][0], LN_SHORT_GROUP, &rows[0][0], 2 * LN_LANES, LN_SHORT_GROUP, wv);
@@ -344,20 +355,18 @@ LN_ALWAYS_INLINE void LN_FN(group_stats_w)(LN_FN(short_group) *g, const char *x,
             mean[k] = 0.0;
     } else {
         LN_FN(group_lanes)(v, d, w, hi, lo, 1, t);
-        LN_FN(group_tree)(t, w);
         for (size_t k = 0; k < LN_SHORT_GROUP; k++) {
-            mean[k] = (double)v[0][k] + t[0][k] / dd;
+            mean[k] = (double)v[0][k] + t[k] / dd;
             hi[k] = (LN_T)mean[k];
             lo[k] = (LN_T)(mean[k] - (double)hi[k]);
         }
     }
     LN_FN(group_lanes)(v, d, w, hi, lo, 0, t);
-    LN_FN(group_tree)(t, w);
     for (size_t k = 0; k < LN_SHORT_GROUP; k++) {
         g->mean[k] = mean[k];
         g->hi[k] = hi[k];
         g->lo[k] = lo[k];
-        g->var[k] = t[0][k] / dd;
+        g->var[k] = t[k] / dd;
     }
     LN_FN(group_rstd)(g, LN_SHORT_GROUP, n, eps);
 }
@@ -1136,18 +1145,6 @@ typedef struct {
 /* Is a record of d features short for the backward (done in groups)? */
 LN_ALWAYS_INLINE int LN_FN(back_is_short)(size_t d) { return d <= LN_SHORT; }
 
-/* One of the four sums: the lanes l (d of them filled) as doubles, the
- * tree over w, per record. */
-LN_ALWAYS_INLINE void LN_FN(group_total)(LN_T l[LN_LANES][LN_SHORT_GROUP], size_t d,
-                                         size_t w, double out[LN_SHORT_GROUP])
-{
-    double t[LN_LANES][LN_SHORT_GROUP];
-    LN_FN(group_widen)(l, d, w, t);
-    LN_FN(group_tree)(t, w);
-    for (size_t k = 0; k < LN_SHORT_GROUP; k++)
-        out[k] = t[0][k];
-}
-
 /* The group's rows (n records of x and dy, rows x_row and dy_row bytes
  * apart), the forward's first-pass means when needed (not rms, no given
  * means), the shifts m0 (given[k], the caller's means, else the
@@ -1170,11 +1167,10 @@ LN_ALWAYS_INLINE void LN_FN(back_group_sums)(LN_FN(back_group) *bg, const char *
         bg->mean[k] = 0.0;
     if (!rms && !given) {
         LN_T zero[LN_SHORT_GROUP] = {0};
-        double t[LN_LANES][LN_SHORT_GROUP];
+        double t[LN_SHORT_GROUP];
         LN_FN(group_lanes)(bg->x, d, w, zero, zero, 1, t);
-        LN_FN(group_tree)(t, w);
         for (size_t k = 0; k < LN_SHORT_GROUP; k++)
-            bg->mean[k] = (double)bg->x[0][k] + t[0][k] / (double)d;
+            bg->mean[k] = (double)bg->x[0][k] + t[k] / (double)d;
     }
     for (size_t k = 0; k < LN_SHORT_GROUP; k++)
         bg->m0[k] = rms ? (LN_T)0 : (LN_T)(given && k < n ? given[k] : bg->mean[k]);
@@ -1194,10 +1190,13 @@ LN_ALWAYS_INLINE void LN_FN(back_group_sums)(LN_FN(back_group) *bg, const char *
             mdy[k] = ad > mdy[k] ? ad : mdy[k];
             mt[k] = at > mt[k] ? at : mt[k];
         }
-    LN_FN(group_total)(l0, d, w, bg->st);
-    LN_FN(group_total)(l1, d, w, bg->stt);
-    LN_FN(group_total)(l2, d, w, bg->g);
-    LN_FN(group_total)(l3, d, w, bg->gt);
+    for (size_t j = d; j < w; j++)
+        for (size_t k = 0; k < LN_SHORT_GROUP; k++)
+            l0[j][k] = l1[j][k] = l2[j][k] = l3[j][k] = 0;
+    LN_FN(group_total)(l0, w, bg->st);
+    LN_FN(group_total)(l1, w, bg->stt);
+    LN_FN(group_total)(l2, w, bg->g);
+    LN_FN(group_total)(l3, w, bg->gt);
     for (size_t k = 0; k < LN_SHORT_GROUP; k++) {
         bg->max_dy[k] = mdy[k];
         bg->max_t[k] = mt[k];

@@ -621,7 +621,8 @@ static void LN_OPS(group_coefs)(const LN_CORE(back_group) *bg, const ln_rows *r,
     for (size_t k = 0; k < LN_SHORT_GROUP; k++)
         ms[k] = bg->stt[k] / (double)r->d;
     /* back_record's tests, without branches (ln_deposit_path's plain
-     * sums, never kept, are the same for every record) */
+     * sums, never kept, are the same for every record; any_mean: the
+     * forward's variance is not needed) */
     int finite[LN_SHORT_GROUP]; /* class 1; a loop of its own for each norm */
     for (size_t k = 0; k < LN_SHORT_GROUP; k++) {
         ln_back_sums s = {.st = bg->st[k], .stt = bg->stt[k], .g = bg->g[k], .gt = bg->gt[k]};
@@ -631,16 +632,16 @@ static void LN_OPS(group_coefs)(const LN_CORE(back_group) *bg, const ln_rows *r,
         else
             finite[k] = ln_back_x_finite(&s, &c) & ln_back_dy_finite(&s);
     }
-    int plain = r->dw && r->dw->plain, own_mean = !rms && !r->mean, three = 0;
+    int kept = !(r->dw && r->dw->plain), any_mean = rms || r->mean, three = 0;
     for (size_t k = 0; k < LN_SHORT_GROUP; k++) {
         ln_back_sums s = {.st = bg->st[k], .stt = bg->stt[k], .g = bg->g[k], .gt = bg->gt[k],
                           .max_dy = bg->max_dy[k], .max_t = bg->max_t[k]};
         ln_back_coef c = LN_OPS(get_coef)(v, k);
         int levels = ln_deposit_levels(&s, &c);
         int keep = valid[k] & finite[k] & (c.var + eps[k] <= DBL_MAX) &
-                   (!own_mean | LN_OPS(forward_var_ok)(bg->mean[k], c.md, ms[k])) &
+                   (any_mean | LN_OPS(forward_var_ok)(bg->mean[k], c.md, ms[k])) &
                    LN_OPS(coef_in_range)(&c) &
-                   ln_back_fits(&s, &c, r->w_max, LN_CT_MIN, LN_CT_MAX) & (levels != 0) & !plain;
+                   ln_back_fits(&s, &c, r->w_max, LN_CT_MIN, LN_CT_MAX) & (levels != 0) & kept;
         gc->keep[k] = keep;
         three |= keep & (levels == 3);
     }
