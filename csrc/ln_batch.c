@@ -278,15 +278,20 @@ static int worker_end(void *vctx, void *state)
     return LN_OK;
 }
 
-static void store_stats(const ln_batch_ctx *c, size_t r, const ln_stats *st)
+/* Records [r, r + n)'s statistics st to the outputs asked for (tested
+ * once a run of records: for (1e6, 16) float32, once a record had cost
+ * 3% of the call). */
+static void store_stats(const ln_batch_ctx *c, size_t r, size_t n, const ln_stats *st)
 {
     const ln_job *job = c->job;
     if (!c->info->writes_stats)
         return;
     if (job->mean.ptr)
-        ln_write_scalar(&job->mean, r, st->mean);
+        for (size_t k = 0; k < n; k++)
+            ln_write_scalar(&job->mean, r + k, st[k].mean);
     if (job->var.ptr)
-        ln_write_scalar(&job->var, r, st->var);
+        for (size_t k = 0; k < n; k++)
+            ln_write_scalar(&job->var, r + k, st[k].var);
 }
 
 static int worse(int a, int b) { return a > b ? a : b; }
@@ -343,8 +348,7 @@ static int run_rows(const ln_batch_ctx *c, ln_worker *wk, size_t r, size_t n, co
         rows.dy_row = dy_row;
     }
     int status = c->kernel(&rows);
-    for (size_t k = 0; k < n; k++)
-        store_stats(c, r + k, &st[k]);
+    store_stats(c, r, n, st);
     return status;
 }
 
@@ -399,7 +403,7 @@ static int run_staged(const ln_batch_ctx *c, ln_worker *wk, size_t r)
     int status = c->kernel(&rows);
     if (!direct_y)
         ln_stage_out(wk->y, &job->y, r, d);
-    store_stats(c, r, &st);
+    store_stats(c, r, 1, &st);
     return status;
 }
 
