@@ -485,7 +485,8 @@ LN_ALWAYS_INLINE void LN_FN(group_put)(LN_T rows[LN_SHORT_GROUP][2 * LN_LANES], 
                                        int stream, size_t w)
 {
 #if defined(LN_STREAM_BYTES)
-    if (stream && LN_FN(group_all_kept)(keep, n) && y_row == (ptrdiff_t)(d * sizeof(LN_S)) && d * sizeof(LN_S) >= 128) {
+    if (stream && LN_FN(group_all_kept)(keep, n) && y_row == (ptrdiff_t)(d * sizeof(LN_S)) &&
+        d * sizeof(LN_S) >= 128) {
         LN_FN(group_stream)(rows, y, n, d, w);
         return;
     }
