@@ -458,7 +458,8 @@ LN_ALWAYS_INLINE void LN_FN(group_store_row)(LN_S *row, const LN_T v[2 * LN_LANE
  * boundary on, so that the output lines are not read in first. float32
  * out=, one thread: (1e6, 64) 79 -> 62 ms, (1e6, 32) 43 -> 38 ms; but
  * (1e6, 16), 1 KiB a group, 21 -> 25 ms, so shorter records are not
- * streamed. */
+ * streamed; nor float16 and bfloat16 records (a group of (1e6, 64) took
+ * 1.06-1.10x as long streamed as stored plainly). */
 LN_ALWAYS_INLINE void LN_FN(group_stream)(LN_T rows[LN_SHORT_GROUP][2 * LN_LANES], char *y,
                                           size_t n, size_t d, size_t w)
 {
@@ -486,7 +487,7 @@ LN_ALWAYS_INLINE void LN_FN(group_put)(LN_T rows[LN_SHORT_GROUP][2 * LN_LANES], 
 {
 #if defined(LN_STREAM_BYTES)
     if (stream && LN_FN(group_all_kept)(keep, n) && y_row == (ptrdiff_t)(d * sizeof(LN_S)) &&
-        d * sizeof(LN_S) >= 128) {
+        d * sizeof(LN_S) >= 128 && sizeof(LN_S) >= 4) {
         LN_FN(group_stream)(rows, y, n, d, w);
         return;
     }
@@ -710,12 +711,16 @@ LN_ALWAYS_INLINE void LN_FN(apply_tail)(const LN_S *x, LN_S *y, size_t i0, size_
 }
 
 #if defined(LN_STREAM_BYTES)
-/* A row of outputs written with non-temporal stores: converted into a
- * small buffer of the storage type first (a register at a time where the
- * level converts rows: element by element, float16 would cost more than
- * the memory traffic saved). */
+/* A row of outputs written with non-temporal stores: by the level's
+ * LN_STREAM_ROW straight from the conversion, or converted into a small
+ * buffer of the storage type first (a register at a time where the level
+ * converts rows: element by element, float16 would cost more than the
+ * memory traffic saved). */
 LN_ALWAYS_INLINE void LN_FN(stream_row)(LN_S *dst, const LN_T v[LN_LANES])
 {
+#if defined(LN_STREAM_ROW)
+    LN_STREAM_ROW(dst, v);
+#else
     LN_S out[LN_LANES];
 #if defined(LN_STORE_ROW)
     LN_STORE_ROW(out, v);
@@ -724,8 +729,25 @@ LN_ALWAYS_INLINE void LN_FN(stream_row)(LN_S *dst, const LN_T v[LN_LANES])
         LN_STORE(out + j, v[j]);
 #endif
     LN_STREAM_BYTES((void *)dst, out, sizeof out);
+#endif
 }
 #endif
+
+/* Does a record of d features in a streamed call pay for streaming?
+ * Each streamed row writes its unaligned head and its tail element by
+ * element; float32 or float64 rows of at least LN_STREAM_ROW_MIN bytes
+ * gain (float32 out=, 1 thread, streamed against plain: (4096, 1000)
+ * 0.66x the time, (20000, 520) 0.74x, but (1e5, 100) 1.25x). float16 and
+ * bfloat16 rows, whose conversions cost more per byte, gain only from
+ * LN_STREAM_ROW_MIN_HALF bytes ((16384, 4096) 0.85x, (8192, 2048) 0.99x,
+ * (16384, 768) 1.2-1.4x). */
+#define LN_STREAM_ROW_MIN 1024
+#define LN_STREAM_ROW_MIN_HALF 8192
+LN_ALWAYS_INLINE int LN_FN(stream_pays)(size_t d)
+{
+    size_t row = d * sizeof(LN_S);
+    return row >= (sizeof(LN_S) >= 4 ? LN_STREAM_ROW_MIN : LN_STREAM_ROW_MIN_HALF);
+}
 
 /* The output of element j of the row at i. */
 #define LN_OUT(j) \
@@ -811,6 +833,7 @@ static void LN_FN(apply)(const LN_S *x, LN_S *y, size_t d, LN_T hi, LN_T r, LN_T
     size_t head = 0;
 #if defined(LN_STREAM_BYTES)
     /* Streamed rows start at the first 64-byte aligned output. */
+    stream = stream && LN_FN(stream_pays)(d);
     if (stream) {
         head = ((64 - (uintptr_t)y % 64) % 64) / sizeof(LN_S);
         if (head > d || (uintptr_t)y % sizeof(LN_S) != 0)

@@ -11,7 +11,9 @@
  *                   from src to the 64-byte aligned dst with non-temporal
  *                   stores; LN_STORE_FENCE orders them
  *   LN_LOAD_ROW_F16(v, p), LN_STORE_ROW_F16(p, v)  optional: LN_LANES
- *                   float16 values converted a register at a time, and
+ *                   float16 values converted a register at a time
+ *                   (LN_STREAM_ROW_F16(p, v): stored with LN_STREAM_BYTES'
+ *                   non-temporal stores), and
  *   LN_LOAD_PART_F16(v, p, n, w), LN_STORE_PART_F16(p, v, n, w)  the first
  *                   n of them (w >= n lanes filled, zeros beyond n); and
  *                   the same for float32 and float64 rows (_F32, _F64)
@@ -51,7 +53,11 @@
 #define LN_LOAD_PART LN_LOAD_PART_F16
 #define LN_STORE_PART LN_STORE_PART_F16
 #endif
+#if defined(LN_STREAM_ROW_F16)
+#define LN_STREAM_ROW LN_STREAM_ROW_F16
+#endif
 #include "ln_instance.h"
+#undef LN_STREAM_ROW
 #undef LN_LOAD_ROW
 #undef LN_STORE_ROW
 #undef LN_LOAD_PART

@@ -117,9 +117,9 @@ def test_thread_count_does_not_change_bits(isa, dtype):
 @pytest.fixture(scope="module")
 def large_batches():
     """Batches large enough for every big-data path: threads, and streaming
-    stores of outputs over 32 MB (float32/float64, into an existing out=;
-    new outputs and float16 outputs are never streamed); rows of odd length,
-    so records start at every alignment."""
+    stores of outputs over 8 MiB (float32/float64, into an existing out=;
+    new outputs, and float16 rows under 8 KiB, are never streamed); rows of
+    odd length, so records start at every alignment."""
     rng = np.random.default_rng(13)
     d = 1027
     size = {F16: 8 << 20, F32: 34 << 20, F64: 34 << 20}
@@ -238,8 +238,8 @@ def test_special_records_inside_short_groups_match_scalar(which, dtype, restore_
 @pytest.mark.parametrize("dtype,d", [(F32, 16), (F32, 33), (F32, 64), (F16, 64), (F64, 16)],
                          ids=str)
 def test_short_records_streamed_into_a_large_out(dtype, d, restore_settings):
-    """Short records of 128 bytes or more written into an existing out= of
-    more than 32 MB go out a group at a time with streaming stores from
+    """Short float32/float64 records of 128 bytes or more written into an
+    existing out= of 8 MiB or more go out a group at a time with streaming stores from
     the first 64-byte boundary on (shorter ones record by record): the
     same bits as the plain stores of a new array, at any alignment of out
     (the head and tail of each group stored plainly)."""
@@ -260,6 +260,30 @@ def test_short_records_streamed_into_a_large_out(dtype, d, restore_settings):
         out.fill(np.nan)
         lnc.rms_norm(x, w, out=out)
         assert_same_bits(out, rms, f"{isa} rms")
+
+
+@pytest.mark.parametrize("dtype", [dt for dt in _short_group_dtypes() if dt.itemsize == 2],
+                         ids=str)
+def test_long_half_records_streamed_into_a_large_out(dtype, restore_settings):
+    """float16 and bfloat16 records of 8 KiB or more written into an
+    existing out= of 8 MiB or more are streamed (float16 converted straight
+    into the non-temporal stores): the same bits as a new array's plain
+    stores, at any alignment of out (each row's unaligned head and its tail
+    stored plainly)."""
+    rng = np.random.default_rng(32)
+    d = 4099
+    n = (8 << 20) // (d * dtype.itemsize) + 3
+    x = (rng.standard_normal((n, d)) * 3 + 1).astype(dtype)
+    w, b = (rng.uniform(0.5, 2, d).astype(dtype), rng.standard_normal(d).astype(dtype))
+    want = lnc.layer_norm(x, w, b)
+    buf = np.empty(n * d + 7, dtype)
+    for isa in lnc.supported_isas():
+        lnc.set_isa(isa)
+        for shift in (0, 1, 5):
+            out = buf[shift:shift + n * d].reshape(n, d)
+            out.fill(np.nan)
+            lnc.layer_norm(x, w, b, out=out)
+            assert_same_bits(out, want, f"{isa}, out shifted by {shift}")
 
 
 def test_isa_settings_round_trip(restore_settings):
