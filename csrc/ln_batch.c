@@ -29,13 +29,25 @@
  * them saves reading each output line in before it is overwritten.
  * float32 out=, one thread, against 32 MiB before: (4096, 768) 0.70-0.78x
  * the time, (4096, 1024) 0.72-0.90x, float64 (4096, 768) 0.73-0.86x;
- * below 8 MiB ((1024, 768)) streaming gained nothing. Not a new output
- * (job->y_new): the kernel zeroes each fresh page as it faults in, through
- * the cache, and streaming over those lines was slower than plain stores
- * (float32 (16384, 4096), one thread: 87 ms against 72 ms, x.copy() 77).
- * Outputs the Python layer allocates for the gufunc path are not marked:
- * they keep the streaming stores. */
+ * below 8 MiB ((1024, 768)) streaming gained nothing. */
 #define LN_STREAM_MIN_BYTES ((size_t)8 << 20)
+
+/* A new output (job->y_new) is streamed only below this size. Larger
+ * ones come from fresh pages (glibc maps allocations of 32 MiB and more
+ * afresh each time), which the kernel zeroes through the cache as they
+ * fault in, and streaming over those lines was slower than plain stores
+ * (float32 (16384, 4096), one thread: 87 ms against 72 ms, x.copy() 77;
+ * (12288, 1024) 0.95-1.0x the time). Smaller ones reuse the heap's pages:
+ * float32 (4096, 768) 0.72x, (8192, 768) 0.77x, (7680, 1024) 0.77x,
+ * float64 (4096, 768) 0.84x. Outputs the Python layer allocates for the
+ * gufunc path are not marked new: they are streamed from 8 MiB on. */
+#define LN_STREAM_NEW_MAX_BYTES ((size_t)32 << 20)
+
+/* Is the job's output, `bytes` long, written with streaming stores? */
+static int streams_output(const ln_job *job, size_t bytes)
+{
+    return bytes >= LN_STREAM_MIN_BYTES && (!job->y_new || bytes < LN_STREAM_NEW_MAX_BYTES);
+}
 
 /* Records per kernel call when rows are used in place. */
 #define LN_CALL_ROWS 64
@@ -499,7 +511,7 @@ int ln_batch_run(const ln_kernels *k, const ln_job *job, int n_threads)
         .in_place = ln_rows_are_direct(&job->x, job->dtype) &&
                     ln_rows_are_direct(&job->y, job->dtype) &&
                     (!info->reads_dy || ln_rows_are_direct(&job->dy, job->dtype)),
-        .stream = !job->y_new && job->n_rows * row_bytes >= LN_STREAM_MIN_BYTES,
+        .stream = streams_output(job, job->n_rows * row_bytes),
     };
     c.tiled = !c.in_place && tileable(job, info);
     ln_task task = {

@@ -286,6 +286,28 @@ def test_long_half_records_streamed_into_a_large_out(dtype, restore_settings):
             assert_same_bits(out, want, f"{isa}, out shifted by {shift}")
 
 
+@pytest.mark.parametrize("dtype", [F32, F64], ids=str)
+def test_new_outputs_of_8_to_32_mib_streamed_same_bits(dtype, restore_settings):
+    """A new output of 8 MiB up to 32 MiB is written with streaming stores
+    (larger new ones come from fresh pages and are stored plainly): every
+    record has the bits of the same records computed a few at a time
+    (outputs too small to stream), on every ISA, one thread and two."""
+    rng = np.random.default_rng(33)
+    d = 1027
+    n = (9 << 20) // (d * dtype.itemsize)
+    x = (rng.standard_normal((n, d)) * 3 + 1).astype(dtype)
+    w, b = (rng.uniform(0.5, 2, d).astype(dtype), rng.standard_normal(d).astype(dtype))
+    lnc.set_isa("scalar")
+    want = np.concatenate([lnc.layer_norm(x[k:k + 512], w, b) for k in range(0, n, 512)])
+    for isa in lnc.supported_isas():
+        lnc.set_isa(isa)
+        for threads in (1, 2):
+            lnc.set_num_threads(threads)
+            assert_same_bits(lnc.layer_norm(x, w, b), want, f"{isa}, {threads} threads")
+            assert_same_bits(lnc.rms_norm(x, w), np.concatenate(
+                [lnc.rms_norm(x[k:k + 512], w) for k in range(0, n, 512)]), f"{isa} rms")
+
+
 def test_isa_settings_round_trip(restore_settings):
     assert "scalar" in lnc.supported_isas()
     assert lnc.get_isa() in lnc.supported_isas()
