@@ -235,6 +235,22 @@ def test_special_records_inside_short_groups_match_scalar(which, dtype, restore_
                     assert_same_bits(inplace, want[0].y, where + ", in place")
 
 
+def _check_into_shifted_outs(x, w, b):
+    """layer_norm(x, w, b) into an existing out= at three alignments, on
+    every ISA: the bits of a new array. Returns the last out."""
+    n, d = x.shape
+    want = lnc.layer_norm(x, w, b)
+    buf = np.empty(n * d + 7, x.dtype)
+    for isa in lnc.supported_isas():
+        lnc.set_isa(isa)
+        for shift in (0, 1, 5):
+            out = buf[shift:shift + n * d].reshape(n, d)
+            out.fill(np.nan)
+            lnc.layer_norm(x, w, b, out=out)
+            assert_same_bits(out, want, f"{isa}, out shifted by {shift}")
+    return out
+
+
 @pytest.mark.parametrize("dtype,d", [(F32, 16), (F32, 33), (F32, 64), (F16, 64), (F64, 16)],
                          ids=str)
 def test_short_records_streamed_into_a_large_out(dtype, d, restore_settings):
@@ -247,16 +263,10 @@ def test_short_records_streamed_into_a_large_out(dtype, d, restore_settings):
     n = (34 << 20) // (d * dtype.itemsize) + 5
     x = (rng.standard_normal((n, d)) * 3 + 1).astype(dtype)
     w, b = (rng.uniform(0.5, 2, d).astype(dtype), rng.standard_normal(d).astype(dtype))
-    want = lnc.layer_norm(x, w, b)
+    out = _check_into_shifted_outs(x, w, b)
     rms = lnc.rms_norm(x, w)
-    buf = np.empty(n * d + 7, dtype)
     for isa in lnc.supported_isas():
         lnc.set_isa(isa)
-        for shift in (0, 1, 5):
-            out = buf[shift:shift + n * d].reshape(n, d)
-            out.fill(np.nan)
-            lnc.layer_norm(x, w, b, out=out)
-            assert_same_bits(out, want, f"{isa}, out shifted by {shift}")
         out.fill(np.nan)
         lnc.rms_norm(x, w, out=out)
         assert_same_bits(out, rms, f"{isa} rms")
@@ -275,15 +285,7 @@ def test_long_half_records_streamed_into_a_large_out(dtype, restore_settings):
     n = (8 << 20) // (d * dtype.itemsize) + 3
     x = (rng.standard_normal((n, d)) * 3 + 1).astype(dtype)
     w, b = (rng.uniform(0.5, 2, d).astype(dtype), rng.standard_normal(d).astype(dtype))
-    want = lnc.layer_norm(x, w, b)
-    buf = np.empty(n * d + 7, dtype)
-    for isa in lnc.supported_isas():
-        lnc.set_isa(isa)
-        for shift in (0, 1, 5):
-            out = buf[shift:shift + n * d].reshape(n, d)
-            out.fill(np.nan)
-            lnc.layer_norm(x, w, b, out=out)
-            assert_same_bits(out, want, f"{isa}, out shifted by {shift}")
+    _check_into_shifted_outs(x, w, b)
 
 
 @pytest.mark.parametrize("dtype", [F32, F64], ids=str)
