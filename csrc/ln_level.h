@@ -12,8 +12,8 @@
  *                   stores; LN_STORE_FENCE orders them
  *   LN_LOAD_ROW_F16(v, p), LN_STORE_ROW_F16(p, v)  optional: LN_LANES
  *                   float16 values converted a register at a time
- *                   (LN_STREAM_ROW_F16(p, v): stored with LN_STREAM_BYTES'
- *                   non-temporal stores), and
+ *                   (LN_STREAM_ROW_F16(p, v): converted and written to the
+ *                   64-byte aligned p with non-temporal stores), and
  *   LN_LOAD_PART_F16(v, p, n, w), LN_STORE_PART_F16(p, v, n, w)  the first
  *                   n of them (w >= n lanes filled, zeros beyond n); and
  *                   the same for float32 and float64 rows (_F32, _F64)

@@ -118,8 +118,8 @@ def test_thread_count_does_not_change_bits(isa, dtype):
 def large_batches():
     """Batches large enough for every big-data path: threads, and streaming
     stores of outputs over 8 MiB (float32/float64, into an existing out=;
-    new outputs, and float16 rows under 8 KiB, are never streamed); rows of
-    odd length, so records start at every alignment."""
+    new outputs of 32 MiB or more, and float16 rows under 8 KiB, are never
+    streamed); rows of odd length, so records start at every alignment."""
     rng = np.random.default_rng(13)
     d = 1027
     size = {F16: 8 << 20, F32: 34 << 20, F64: 34 << 20}
@@ -255,10 +255,11 @@ def _check_into_shifted_outs(x, w, b):
                          ids=str)
 def test_short_records_streamed_into_a_large_out(dtype, d, restore_settings):
     """Short float32/float64 records of 128 bytes or more written into an
-    existing out= of 8 MiB or more go out a group at a time with streaming stores from
-    the first 64-byte boundary on (shorter ones record by record): the
-    same bits as the plain stores of a new array, at any alignment of out
-    (the head and tail of each group stored plainly)."""
+    existing out= of 8 MiB or more go out a group at a time with streaming
+    stores from the first 64-byte boundary on (shorter ones, and float16
+    ones, record by record): the same bits as the plain stores of a new
+    array, at any alignment of out (the head and tail of each group stored
+    plainly)."""
     rng = np.random.default_rng(31)
     n = (34 << 20) // (d * dtype.itemsize) + 5
     x = (rng.standard_normal((n, d)) * 3 + 1).astype(dtype)
@@ -301,13 +302,13 @@ def test_new_outputs_of_8_to_32_mib_streamed_same_bits(dtype, restore_settings):
     w, b = (rng.uniform(0.5, 2, d).astype(dtype), rng.standard_normal(d).astype(dtype))
     lnc.set_isa("scalar")
     want = np.concatenate([lnc.layer_norm(x[k:k + 512], w, b) for k in range(0, n, 512)])
+    want_rms = np.concatenate([lnc.rms_norm(x[k:k + 512], w) for k in range(0, n, 512)])
     for isa in lnc.supported_isas():
         lnc.set_isa(isa)
         for threads in (1, 2):
             lnc.set_num_threads(threads)
             assert_same_bits(lnc.layer_norm(x, w, b), want, f"{isa}, {threads} threads")
-            assert_same_bits(lnc.rms_norm(x, w), np.concatenate(
-                [lnc.rms_norm(x[k:k + 512], w) for k in range(0, n, 512)]), f"{isa} rms")
+            assert_same_bits(lnc.rms_norm(x, w), want_rms, f"{isa}, {threads} threads, rms")
 
 
 def test_isa_settings_round_trip(restore_settings):
