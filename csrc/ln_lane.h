@@ -1061,46 +1061,66 @@ LN_ALWAYS_INLINE void LN_FN(back_span)(const LN_S *restrict x, const LN_S *restr
 }
 
 /* The same over whole rows of LN_LANES (converted a row at a time where
- * the level does), then the tail. */
+ * the level does), then the tail; with stream (a constant), each whole
+ * row of dx (64-byte aligned from dx on) written with non-temporal
+ * stores. */
 LN_ALWAYS_INLINE void LN_FN(back_rows)(const LN_S *restrict x, const LN_S *restrict dy,
                                        LN_S *restrict dx, size_t d,
                                        const LN_P *restrict w, LN_T hi, LN_T r, LN_T c,
-                                       LN_T a, LN_T bm, LN_SINK_PARAMS, int mode)
+                                       LN_T a, LN_T bm, LN_SINK_PARAMS, int mode, int stream)
 {
     size_t i = 0;
-#if defined(LN_LOAD_ROW)
-    for (; i + LN_LANES <= d; i += LN_LANES) {
-        LN_ROW_DECL(xr_, x + i);
-        LN_ROW_DECL(dr_, dy + i);
-        LN_T v[LN_LANES];
-        for (size_t j = 0; j < LN_LANES; j++) {
-            LN_T xh = LN_FN(normalize)(LN_ROW_GET(xr_, x + i, j), hi, r, c);
-            LN_T dyv = LN_ROW_GET(dr_, dy + i, j);
-            v[j] = LN_FN(grad_input)(dyv * (LN_T)w[i + j], xh, a, bm, r);
-            LN_FN(back_deposit_at)(LN_SINKS, i + j, dyv, xh, mode);
+#if defined(LN_LOAD_ROW) || defined(LN_STREAM_BYTES)
+#if !defined(LN_LOAD_ROW)
+    if (stream)
+#endif
+        for (; i + LN_LANES <= d; i += LN_LANES) {
+            LN_ROW_DECL(xr_, x + i);
+            LN_ROW_DECL(dr_, dy + i);
+            LN_T v[LN_LANES];
+            for (size_t j = 0; j < LN_LANES; j++) {
+                LN_T xh = LN_FN(normalize)(LN_ROW_GET(xr_, x + i, j), hi, r, c);
+                LN_T dyv = LN_ROW_GET(dr_, dy + i, j);
+                v[j] = LN_FN(grad_input)(dyv * (LN_T)w[i + j], xh, a, bm, r);
+                LN_FN(back_deposit_at)(LN_SINKS, i + j, dyv, xh, mode);
+            }
+#if defined(LN_STREAM_BYTES)
+            if (stream) {
+                LN_FN(stream_row)(dx + i, v);
+                continue;
+            }
+#endif
+#if defined(LN_STORE_ROW)
+            LN_STORE_ROW(dx + i, v);
+#else
+            for (size_t j = 0; j < LN_LANES; j++)
+                LN_STORE(dx + i + j, v[j]);
+#endif
         }
-        LN_STORE_ROW(dx + i, v);
-    }
+#else
+    (void)stream;
 #endif
     LN_FN(back_span)(x, dy, dx, i, d, w, hi, r, c, a, bm, LN_SINKS, mode);
 }
 
 /* One loop per mode, each a function of its own whose restrict
  * parameters GCC honours (it drops restrict from inlined callees and
- * would then check for overlaps at run time). */
-#define LN_BACK_LOOP(name, mode)                                                            \
+ * would then check for overlaps at run time); dx is streamed by the loop
+ * without deposits only (back_finish). */
+#define LN_BACK_LOOP(name, mode, stream)                                                    \
     static void LN_FN(name)(const LN_S *restrict x, const LN_S *restrict dy,                \
                             LN_S *restrict dx, size_t d, const LN_P *restrict w, LN_T hi,  \
                             LN_T r, LN_T c, LN_T a, LN_T bm, LN_SINK_PARAMS)                \
     {                                                                                       \
-        LN_FN(back_rows)(x, dy, dx, d, w, hi, r, c, a, bm, LN_SINKS, mode);                 \
+        LN_FN(back_rows)(x, dy, dx, d, w, hi, r, c, a, bm, LN_SINKS, mode, stream);         \
     }
-LN_BACK_LOOP(back_loop_none, LN_BACK_NONE)
-LN_BACK_LOOP(back_loop_3, LN_BACK_3)
-LN_BACK_LOOP(back_loop_2, LN_BACK_2)
-LN_BACK_LOOP(back_loop_plain, LN_BACK_PLAIN)
-LN_BACK_LOOP(back_loop_w3, LN_BACK_W3)
-LN_BACK_LOOP(back_loop_w2, LN_BACK_W2)
+LN_BACK_LOOP(back_loop_none, LN_BACK_NONE, 0)
+LN_BACK_LOOP(back_loop_none_streamed, LN_BACK_NONE, 1)
+LN_BACK_LOOP(back_loop_3, LN_BACK_3, 0)
+LN_BACK_LOOP(back_loop_2, LN_BACK_2, 0)
+LN_BACK_LOOP(back_loop_plain, LN_BACK_PLAIN, 0)
+LN_BACK_LOOP(back_loop_w3, LN_BACK_W3, 0)
+LN_BACK_LOOP(back_loop_w2, LN_BACK_W2, 0)
 #undef LN_BACK_LOOP
 
 #undef LN_SINKS
@@ -1112,7 +1132,8 @@ LN_BACK_LOOP(back_loop_w2, LN_BACK_W2)
  * mode. */
 static void LN_FN(back_apply)(const LN_S *x, const LN_S *dy, LN_S *dx, size_t n,
                               const LN_P *restrict w, LN_T hi, LN_T r, LN_T c, LN_T a,
-                              LN_T bm, ln_acc *dw, ln_acc *db, int path, size_t at)
+                              LN_T bm, ln_acc *dw, ln_acc *db, int path, size_t at,
+                              int stream)
 {
     if (dw && !db && path != LN_DEPOSIT_PLAIN) {
         uint64_t *const *sw = dw->sum;
@@ -1122,6 +1143,11 @@ static void LN_FN(back_apply)(const LN_S *x, const LN_S *dy, LN_S *dx, size_t n,
         else
             LN_FN(back_loop_w2)(x, dy, dx, n, w, hi, r, c, a, bm, NULL, sw[1] + at,
                                 sw[2] + at, NULL, NULL, NULL, NULL, NULL);
+        return;
+    }
+    if ((!dw || !db) && stream) {
+        LN_FN(back_loop_none_streamed)(x, dy, dx, n, w, hi, r, c, a, bm, NULL, NULL, NULL,
+                                       NULL, NULL, NULL, NULL, NULL);
         return;
     }
     if (!dw || !db) {

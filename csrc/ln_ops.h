@@ -526,16 +526,53 @@ static int LN_OPS(back_record)(const ln_rows *r, size_t k, double w_max, int rms
 #define LN_BACK_GROUP 8
 _Static_assert(LN_BACK_GROUP <= LN_ACC_OVERSHOOT, "a group's deposits fit before a spill");
 
+/* Where a record's streamed dx begins in a streamed call (its first
+ * 64-byte aligned element, written after the plain ones before it), or d
+ * when it is not streamed: as the forward streams y (ln_lane.h's apply
+ * and stream_pays), for rows of at least LN_BACK_STREAM_ROW_MIN bytes
+ * (float32 (1e5, 256) was 1.05x slower streamed, (5e4, 512) level).
+ * Only calls without parameter gradients stream (the gufunc's): float32,
+ * one thread, (4096, 768) 0.71x the time, (4096, 1000) 0.73x, (1024,
+ * 4096) 0.79x, (16384, 4096) 0.94x; float64 (4096, 768) 0.80x. With the
+ * deposits' loads and stores in the same loop, streaming dx was
+ * 1.14-1.26x slower. */
+#define LN_BACK_STREAM_ROW_MIN 2048
+static size_t LN_OPS(back_stream_from)(const ln_rows *r, const LN_S *dx)
+{
+#if defined(LN_STREAM_BYTES)
+    if (r->stream && !r->dw && !r->db && LN_CORE(stream_pays)(r->d) &&
+        r->d * sizeof(LN_S) >= LN_BACK_STREAM_ROW_MIN && (uintptr_t)dx % sizeof(LN_S) == 0) {
+        size_t head = ((64 - (uintptr_t)dx % 64) % 64) / sizeof(LN_S);
+        return head < r->d ? head : r->d;
+    }
+#else
+    (void)dx;
+#endif
+    return r->d;
+}
+
 /* dx of a group's prepared records, chunk by chunk, then their deposits
- * counted (all of them before a spill: ln_acc_count). */
+ * counted (all of them before a spill: ln_acc_count). A streamed record's
+ * chunks start at its first aligned element. */
 static void LN_OPS(back_finish)(const ln_rows *r, const LN_OPS(back_prep) *p, size_t m)
 {
-    size_t d = r->d;
-    for (size_t i0 = 0; i0 < d; i0 += LN_BACK_CHUNK) {
-        size_t i1 = d - i0 > LN_BACK_CHUNK ? i0 + LN_BACK_CHUNK : d;
-        for (size_t j = 0; j < m; j++)
-            LN_CORE(back_output_span)(p[j].x, p[j].dy, p[j].dx, i0, i1, r->w, &p[j].c, r->dw,
-                                      r->db, p[j].path);
+    size_t d = r->d, from[LN_BACK_GROUP];
+    for (size_t j = 0; j < m; j++)
+        from[j] = LN_OPS(back_stream_from)(r, p[j].dx);
+    for (size_t c0 = 0; c0 < d; c0 += LN_BACK_CHUNK) {
+        for (size_t j = 0; j < m; j++) {
+            int stream = from[j] < d;
+            size_t shift = stream ? from[j] : 0, i0 = c0 ? shift + c0 : 0;
+            size_t end = shift + c0 + LN_BACK_CHUNK, i1 = end < d ? end : d;
+            if (c0 == 0 && shift > 0) { /* the elements before the first aligned one */
+                LN_CORE(back_output_span)(p[j].x, p[j].dy, p[j].dx, 0, shift, r->w, &p[j].c,
+                                          r->dw, r->db, p[j].path, 0);
+                i0 = shift;
+            }
+            if (i0 < i1)
+                LN_CORE(back_output_span)(p[j].x, p[j].dy, p[j].dx, i0, i1, r->w, &p[j].c,
+                                          r->dw, r->db, p[j].path, stream);
+        }
     }
     for (size_t j = 0; j < m; j++)
         LN_CORE(back_counted)(r->dw, r->db, p[j].path);
@@ -741,6 +778,7 @@ static int LN_OPS(back_all)(const ln_rows *r, int rms)
 }
 #undef LN_BACK_CHUNK
 #undef LN_BACK_GROUP
+#undef LN_BACK_STREAM_ROW_MIN
 
 /* The LayerNorm backward of r->n records. */
 static int LN_OPS(layer_norm_backward)(const ln_rows *r)

@@ -134,16 +134,17 @@ static void LN_FN(back_nan)(const LN_S *x, const LN_S *dy, LN_S *dx, size_t d,
 
 /* dx of the elements [i0, i1) from the coefficients, and their terms
  * deposited by `path` (any but LN_DEPOSIT_SCALAR): uncounted (see
- * back_counted). */
+ * back_counted). stream: dx + i0 is 64-byte aligned, and its whole lane
+ * rows are written with non-temporal stores. */
 static void LN_FN(back_output_span)(const LN_S *x, const LN_S *dy, LN_S *dx, size_t i0,
                                     size_t i1, const LN_P *w, const ln_back_coef *c,
-                                    ln_acc *dw, ln_acc *db, int path)
+                                    ln_acc *dw, ln_acc *db, int path, int stream)
 {
     LN_T hi = (LN_T)c->mean, r = (LN_T)c->rstd;
     LN_T off = LN_FN(offset)((LN_T)(c->mean - (double)hi), r);
     LN_T a = (LN_T)c->a, bm = (LN_T)c->bm;
     LN_FN(back_apply)(x + i0, dy + i0, dx + i0, i1 - i0, w + i0, hi, r, off, a, bm, dw, db,
-                      path, i0);
+                      path, i0, stream);
 }
 
 /* A record's vector deposits counted (a spill is the caller's). */
@@ -169,6 +170,6 @@ static void LN_FN(back_output_scalar)(const LN_S *x, const LN_S *dy, LN_S *dx, s
                                       const LN_P *w, const ln_back_coef *c, ln_acc *dw,
                                       ln_acc *db)
 {
-    LN_FN(back_output_span)(x, dy, dx, 0, d, w, c, NULL, NULL, LN_DEPOSIT_SCALAR);
+    LN_FN(back_output_span)(x, dy, dx, 0, d, w, c, NULL, NULL, LN_DEPOSIT_SCALAR, 0);
     LN_FN(back_deposit)(x, dy, d, c, dw, db, 0);
 }

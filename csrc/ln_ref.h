@@ -106,11 +106,12 @@ static void LN_FN(back_sums)(const LN_S *x, const LN_S *dy, const LN_P *w, size_
 
 /* dx of n elements, and their terms dy * xhat and dy deposited into the
  * level sums of dw and db at features at, at + 1, ... (path LN_DEPOSIT_3
- * or _2; NULL: no deposit). */
+ * or _2; NULL: no deposit). stream is ignored: plain stores. */
 static void LN_FN(back_apply)(const LN_S *x, const LN_S *dy, LN_S *dx, size_t n,
                               const LN_P *w, LN_T hi, LN_T r, LN_T c, LN_T a, LN_T bm,
-                              ln_acc *dw, ln_acc *db, int path, size_t at)
+                              ln_acc *dw, ln_acc *db, int path, size_t at, int stream)
 {
+    (void)stream;
     for (size_t i = 0; i < n; i++) {
         LN_T xh = LN_FN(normalize)(LN_LOAD(x + i), hi, r, c);
         LN_T dyv = LN_LOAD(dy + i);

@@ -311,6 +311,34 @@ def test_new_outputs_of_8_to_32_mib_streamed_same_bits(dtype, restore_settings):
             assert_same_bits(lnc.rms_norm(x, w), want_rms, f"{isa}, {threads} threads, rms")
 
 
+@pytest.mark.parametrize("dtype,d", [(F32, 1027), (F64, 1027), (F16, 4099)], ids=str)
+def test_backward_dx_streamed_by_the_gufunc_same_bits(dtype, d, restore_settings):
+    """The backward gufunc (dx alone, no parameter gradients) writes an
+    output of 8 MiB or more with streaming stores, each record from its
+    first 64-byte aligned element on (the head before it and the tail
+    after the last whole lane row stored plainly): every record has the
+    bits of the same records computed a few at a time under the scalar
+    ISA, at three alignments of out=, on every ISA, one thread and two."""
+    rng = np.random.default_rng(34)
+    n = (9 << 20) // (d * dtype.itemsize) + 3
+    x = (rng.standard_normal((n, d)) * 3 + 1).astype(dtype)
+    dy = rng.standard_normal((n, d)).astype(dtype)
+    w = rng.uniform(0.5, 2, d).astype(dtype)
+    ufunc = lnc.layer_norm_backward_ufunc
+    lnc.set_isa("scalar")
+    want = np.concatenate([ufunc(dy[k:k + 64], x[k:k + 64], w, 1e-5) for k in range(0, n, 64)])
+    buf = np.empty(n * d + 7, dtype)
+    for isa in lnc.supported_isas():
+        lnc.set_isa(isa)
+        for threads in (1, 2):
+            lnc.set_num_threads(threads)
+            for shift in (0, 1, 5):
+                out = buf[shift:shift + n * d].reshape(n, d)
+                out.fill(np.nan)
+                ufunc(dy, x, w, 1e-5, out=out)
+                assert_same_bits(out, want, f"{isa}, {threads} threads, out shifted by {shift}")
+
+
 def test_isa_settings_round_trip(restore_settings):
     assert "scalar" in lnc.supported_isas()
     assert lnc.get_isa() in lnc.supported_isas()
