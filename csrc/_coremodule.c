@@ -764,6 +764,7 @@ static PyObject *backward(PyObject *self, PyObject *const *args, Py_ssize_t narg
     npy_intp isz = (npy_intp)ln_dtype_size(job.dtype);
     job.y = (ln_operand){.ptr = PyArray_BYTES((PyArrayObject *)dx), .row = d * isz,
                          .col = isz, .dtype = job.dtype};
+    job.y_new = 1;
     ln_acc dw, db;
     int have_acc = 0;
     if (want_sums) {
@@ -959,6 +960,7 @@ static PyObject *fast_backward(PyObject *self, PyObject *const *args, Py_ssize_t
         return NULL;
     job.y = (ln_operand){.ptr = PyArray_BYTES((PyArrayObject *)dx), .row = d * isz,
                          .col = isz, .dtype = job.dtype};
+    job.y_new = 1;
     ln_acc dw, db;
     if (job_sums(&job, &dw, &db, (size_t)d, rms) < 0) {
         Py_DECREF(dx);

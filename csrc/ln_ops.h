@@ -531,16 +531,18 @@ _Static_assert(LN_BACK_GROUP <= LN_ACC_OVERSHOOT, "a group's deposits fit before
  * when it is not streamed: as the forward streams y (ln_lane.h's apply
  * and stream_pays), for rows of at least LN_BACK_STREAM_ROW_MIN bytes
  * (float32 (1e5, 256) was 1.05x slower streamed, (5e4, 512) level).
- * Only calls without parameter gradients stream (the gufunc's): float32,
- * one thread, (4096, 768) 0.71x the time, (4096, 1000) 0.73x, (1024,
- * 4096) 0.79x, (16384, 4096) 0.94x; float64 (4096, 768) 0.80x. With the
- * deposits' loads and stores in the same loop, streaming dx was
- * 1.14-1.26x slower. */
+ * The gufunc's dx alone, float32, one thread: (4096, 768) 0.71x the time,
+ * (4096, 1000) 0.73x, (1024, 4096) 0.79x, (16384, 4096) 0.94x; float64
+ * (4096, 768) 0.80x. With the parameter gradients (their terms then a
+ * loop of their own: ln_lane.h's back_apply), float32 (4096, 768)
+ * 0.86-0.89x, (4096, 1024) 0.75-0.81x; float64 (4096, 768) 0.82-0.89x;
+ * but float16 rows, converted twice, 1.12-1.28x slower: those stream dx
+ * only without the sums. */
 #define LN_BACK_STREAM_ROW_MIN 2048
 static size_t LN_OPS(back_stream_from)(const ln_rows *r, const LN_S *dx)
 {
 #if defined(LN_STREAM_BYTES)
-    if (r->stream && !r->dw && !r->db && LN_CORE(stream_pays)(r->d) &&
+    if (r->stream && LN_CORE(stream_pays)(r->d) && (sizeof(LN_S) >= 4 || !r->dw) &&
         r->d * sizeof(LN_S) >= LN_BACK_STREAM_ROW_MIN && (uintptr_t)dx % sizeof(LN_S) == 0) {
         size_t head = ((64 - (uintptr_t)dx % 64) % 64) / sizeof(LN_S);
         return head < r->d ? head : r->d;

@@ -339,6 +339,35 @@ def test_backward_dx_streamed_by_the_gufunc_same_bits(dtype, d, restore_settings
                 assert_same_bits(out, want, f"{isa}, {threads} threads, out shifted by {shift}")
 
 
+@pytest.mark.parametrize("dtype", [F32, F64], ids=str)
+def test_backward_with_gradients_streamed_same_bits(dtype, restore_settings):
+    """A backward call with parameter gradients whose new dx is 8 MiB up to
+    32 MiB streams dx (each record from its first 64-byte aligned element:
+    d = 1027 puts the records at every alignment) and deposits the terms in
+    a loop of its own: dx, dweight and dbias (RMSNorm's dx and dweight)
+    have the bits of the scalar ISA, which stores plainly, on every ISA,
+    one thread and two."""
+    rng = np.random.default_rng(35)
+    d = 1027
+    n = (9 << 20) // (d * dtype.itemsize)
+    x = (rng.standard_normal((n, d)) * 3 + 1).astype(dtype)
+    dy = rng.standard_normal((n, d)).astype(dtype)
+    w = rng.uniform(0.5, 2, d).astype(dtype)
+    lnc.set_isa("scalar")
+    want = lnc.layer_norm_backward(dy, x, w)
+    want_rms = lnc.rms_norm_backward(dy, x, w)
+    for isa in lnc.supported_isas():
+        lnc.set_isa(isa)
+        for threads in (1, 2):
+            lnc.set_num_threads(threads)
+            got = lnc.layer_norm_backward(dy, x, w)
+            for name, a, b in zip(("dx", "dweight", "dbias"), got, want):
+                assert_same_bits(a, b, f"{isa}, {threads} threads, {name}")
+            got = lnc.rms_norm_backward(dy, x, w)
+            for name, a, b in zip(("dx", "dweight"), got, want_rms):
+                assert_same_bits(a, b, f"{isa}, {threads} threads, rms {name}")
+
+
 def test_isa_settings_round_trip(restore_settings):
     assert "scalar" in lnc.supported_isas()
     assert lnc.get_isa() in lnc.supported_isas()
