@@ -1106,7 +1106,7 @@ LN_ALWAYS_INLINE void LN_FN(back_rows)(const LN_S *restrict x, const LN_S *restr
 /* One loop per mode, each a function of its own whose restrict
  * parameters GCC honours (it drops restrict from inlined callees and
  * would then check for overlaps at run time); dx is streamed by the loop
- * without deposits only (back_finish). */
+ * without deposits only (back_apply). */
 #define LN_BACK_LOOP(name, mode, stream)                                                    \
     static void LN_FN(name)(const LN_S *restrict x, const LN_S *restrict dy,                \
                             LN_S *restrict dx, size_t d, const LN_P *restrict w, LN_T hi,  \

@@ -535,9 +535,9 @@ _Static_assert(LN_BACK_GROUP <= LN_ACC_OVERSHOOT, "a group's deposits fit before
  * (4096, 1000) 0.73x, (1024, 4096) 0.79x, (16384, 4096) 0.94x; float64
  * (4096, 768) 0.80x. With the parameter gradients (their terms then a
  * loop of their own: ln_lane.h's back_apply), float32 (4096, 768)
- * 0.86-0.89x, (4096, 1024) 0.75-0.81x; float64 (4096, 768) 0.82-0.89x;
- * but float16 rows, converted twice, 1.12-1.28x slower: those stream dx
- * only without the sums. */
+ * 0.78-0.98x, (4096, 1024) 0.80-0.91x; float64 (4096, 768) 0.89x; but
+ * float16 rows, converted twice, 1.12-1.28x slower: those stream dx only
+ * without the sums. */
 #define LN_BACK_STREAM_ROW_MIN 2048
 static size_t LN_OPS(back_stream_from)(const ln_rows *r, const LN_S *dx)
 {
