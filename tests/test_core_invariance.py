@@ -235,20 +235,29 @@ def test_special_records_inside_short_groups_match_scalar(which, dtype, restore_
                     assert_same_bits(inplace, want[0].y, where + ", in place")
 
 
-def _check_into_shifted_outs(x, w, b):
-    """layer_norm(x, w, b) into an existing out= at three alignments, on
-    every ISA: the bits of a new array. Returns the last out."""
-    n, d = x.shape
-    want = lnc.layer_norm(x, w, b)
-    buf = np.empty(n * d + 7, x.dtype)
+def _check_into_shifted_outs(write, want, threads=(None,)):
+    """write(out) into an existing out= at three alignments (0, 1 and 5
+    items into a buffer), on every ISA and each thread count of threads
+    (None: as set): the bits of want. Returns the last out."""
+    n, d = want.shape
+    buf = np.empty(n * d + 7, want.dtype)
     for isa in lnc.supported_isas():
         lnc.set_isa(isa)
-        for shift in (0, 1, 5):
-            out = buf[shift:shift + n * d].reshape(n, d)
-            out.fill(np.nan)
-            lnc.layer_norm(x, w, b, out=out)
-            assert_same_bits(out, want, f"{isa}, out shifted by {shift}")
+        for t in threads:
+            if t is not None:
+                lnc.set_num_threads(t)
+            for shift in (0, 1, 5):
+                out = buf[shift:shift + n * d].reshape(n, d)
+                out.fill(np.nan)
+                write(out)
+                assert_same_bits(out, want, f"{isa}, {t} threads, out shifted by {shift}")
     return out
+
+
+def _check_layer_norm_into_shifted_outs(x, w, b):
+    """layer_norm(x, w, b) into shifted outs: the bits of a new array."""
+    return _check_into_shifted_outs(lambda out: lnc.layer_norm(x, w, b, out=out),
+                                    lnc.layer_norm(x, w, b))
 
 
 @pytest.mark.parametrize("dtype,d", [(F32, 16), (F32, 33), (F32, 64), (F16, 64), (F64, 16)],
@@ -264,7 +273,7 @@ def test_short_records_streamed_into_a_large_out(dtype, d, restore_settings):
     n = (34 << 20) // (d * dtype.itemsize) + 5
     x = (rng.standard_normal((n, d)) * 3 + 1).astype(dtype)
     w, b = (rng.uniform(0.5, 2, d).astype(dtype), rng.standard_normal(d).astype(dtype))
-    out = _check_into_shifted_outs(x, w, b)
+    out = _check_layer_norm_into_shifted_outs(x, w, b)
     rms = lnc.rms_norm(x, w)
     for isa in lnc.supported_isas():
         lnc.set_isa(isa)
@@ -286,7 +295,7 @@ def test_long_half_records_streamed_into_a_large_out(dtype, restore_settings):
     n = (8 << 20) // (d * dtype.itemsize) + 3
     x = (rng.standard_normal((n, d)) * 3 + 1).astype(dtype)
     w, b = (rng.uniform(0.5, 2, d).astype(dtype), rng.standard_normal(d).astype(dtype))
-    _check_into_shifted_outs(x, w, b)
+    _check_layer_norm_into_shifted_outs(x, w, b)
 
 
 @pytest.mark.parametrize("dtype", [F32, F64], ids=str)
@@ -327,16 +336,7 @@ def test_backward_dx_streamed_by_the_gufunc_same_bits(dtype, d, restore_settings
     ufunc = lnc.layer_norm_backward_ufunc
     lnc.set_isa("scalar")
     want = np.concatenate([ufunc(dy[k:k + 64], x[k:k + 64], w, 1e-5) for k in range(0, n, 64)])
-    buf = np.empty(n * d + 7, dtype)
-    for isa in lnc.supported_isas():
-        lnc.set_isa(isa)
-        for threads in (1, 2):
-            lnc.set_num_threads(threads)
-            for shift in (0, 1, 5):
-                out = buf[shift:shift + n * d].reshape(n, d)
-                out.fill(np.nan)
-                ufunc(dy, x, w, 1e-5, out=out)
-                assert_same_bits(out, want, f"{isa}, {threads} threads, out shifted by {shift}")
+    _check_into_shifted_outs(lambda out: ufunc(dy, x, w, 1e-5, out=out), want, threads=(1, 2))
 
 
 @pytest.mark.parametrize("dtype", [F32, F64], ids=str)
