@@ -710,6 +710,14 @@ LN_ALWAYS_INLINE void LN_FN(apply_tail)(const LN_S *x, LN_S *y, size_t i0, size_
         LN_STORE(y + i, LN_FN(affine)(LN_FN(normalize)(LN_LOAD(x + i), hi, r, c), w, b, i));
 }
 
+/* The cache lines of a lane row of the next record, into L2 (not L1,
+ * which holds the record being written). */
+LN_ALWAYS_INLINE void LN_FN(prefetch_row)(const char *p)
+{
+    for (size_t off = 0; off < LN_LANES * sizeof(LN_S); off += 64)
+        __builtin_prefetch(p + off, 0, 1);
+}
+
 #if defined(LN_STREAM_BYTES)
 /* A row of outputs written with non-temporal stores: by the level's
  * LN_STREAM_ROW straight from the conversion, or converted into a small
@@ -759,7 +767,7 @@ LN_ALWAYS_INLINE int LN_FN(stream_pays)(size_t d)
  * per element. */
 LN_ALWAYS_INLINE void LN_FN(apply_rows)(const LN_S *x, LN_S *y, size_t i0, size_t d,
                                      LN_T hi, LN_T r, LN_T c, const LN_P *restrict w,
-                                     const LN_P *restrict b, int stream)
+                                     const LN_P *restrict b, int stream, const char *ahead)
 {
     size_t i = i0;
     for (; i + LN_LANES <= d; i += LN_LANES) {
@@ -771,6 +779,8 @@ LN_ALWAYS_INLINE void LN_FN(apply_rows)(const LN_S *x, LN_S *y, size_t i0, size_
 #if defined(LN_STREAM_BYTES)
         if (stream) {
             LN_FN(stream_row)(y + i, v);
+            if (ahead)
+                LN_FN(prefetch_row)(ahead + i * sizeof(LN_S));
             continue;
         }
 #endif
@@ -790,41 +800,45 @@ LN_ALWAYS_INLINE void LN_FN(apply_rows)(const LN_S *x, LN_S *y, size_t i0, size_
  * after inlining). */
 LN_ALWAYS_INLINE void LN_FN(apply_params)(const LN_S *x, LN_S *y, size_t i0, size_t d,
                                        LN_T hi, LN_T r, LN_T c, const LN_P *restrict w,
-                                       const LN_P *restrict b, int stream)
+                                       const LN_P *restrict b, int stream, const char *ahead)
 {
     if (w && b)
-        LN_FN(apply_rows)(x, y, i0, d, hi, r, c, w, b, stream);
+        LN_FN(apply_rows)(x, y, i0, d, hi, r, c, w, b, stream, ahead);
     else if (w)
-        LN_FN(apply_rows)(x, y, i0, d, hi, r, c, w, NULL, stream);
+        LN_FN(apply_rows)(x, y, i0, d, hi, r, c, w, NULL, stream, ahead);
     else if (b)
-        LN_FN(apply_rows)(x, y, i0, d, hi, r, c, NULL, b, stream);
+        LN_FN(apply_rows)(x, y, i0, d, hi, r, c, NULL, b, stream, ahead);
     else
-        LN_FN(apply_rows)(x, y, i0, d, hi, r, c, NULL, NULL, stream);
+        LN_FN(apply_rows)(x, y, i0, d, hi, r, c, NULL, NULL, stream, ahead);
 }
 
 /* x and y are either the same row or disjoint (the batch layer makes sure
  * of it): one copy for each, so that neither needs overlap checks. */
 static void LN_FN(apply_disjoint)(const LN_S *restrict x, LN_S *restrict y, size_t i0,
                                   size_t d, LN_T hi, LN_T r, LN_T c, const LN_P *restrict w,
-                                  const LN_P *restrict b, int stream)
+                                  const LN_P *restrict b, int stream, const char *ahead)
 {
     if (stream)
-        LN_FN(apply_params)(x, y, i0, d, hi, r, c, w, b, 1);
+        LN_FN(apply_params)(x, y, i0, d, hi, r, c, w, b, 1, ahead);
     else
-        LN_FN(apply_params)(x, y, i0, d, hi, r, c, w, b, 0);
+        LN_FN(apply_params)(x, y, i0, d, hi, r, c, w, b, 0, NULL);
 }
 
 static void LN_FN(apply_in_place)(LN_S *xy, size_t i0, size_t d, LN_T hi, LN_T r, LN_T c,
-                                  const LN_P *restrict w, const LN_P *restrict b, int stream)
+                                  const LN_P *restrict w, const LN_P *restrict b, int stream,
+                                  const char *ahead)
 {
     if (stream)
-        LN_FN(apply_params)(xy, xy, i0, d, hi, r, c, w, b, 1);
+        LN_FN(apply_params)(xy, xy, i0, d, hi, r, c, w, b, 1, ahead);
     else
-        LN_FN(apply_params)(xy, xy, i0, d, hi, r, c, w, b, 0);
+        LN_FN(apply_params)(xy, xy, i0, d, hi, r, c, w, b, 0, NULL);
 }
 
+/* ahead: the next record's row, whose lines a streamed row asks for
+ * while this one is written (NULL: none). */
 static void LN_FN(apply)(const LN_S *x, LN_S *y, size_t d, LN_T hi, LN_T r, LN_T c,
-                         const LN_P *restrict w, const LN_P *restrict b, int stream)
+                         const LN_P *restrict w, const LN_P *restrict b, int stream,
+                         const char *ahead)
 {
     if (d <= LN_SHORT) {
         LN_FN(apply_short)(x, y, d, hi, r, c, w, b);
@@ -844,9 +858,9 @@ static void LN_FN(apply)(const LN_S *x, LN_S *y, size_t d, LN_T hi, LN_T r, LN_T
     stream = 0;
 #endif
     if ((const void *)x == (const void *)y)
-        LN_FN(apply_in_place)(y, head, d, hi, r, c, w, b, stream);
+        LN_FN(apply_in_place)(y, head, d, hi, r, c, w, b, stream, ahead);
     else
-        LN_FN(apply_disjoint)(x, y, head, d, hi, r, c, w, b, stream);
+        LN_FN(apply_disjoint)(x, y, head, d, hi, r, c, w, b, stream, ahead);
 }
 
 /* n values to the compute type, exactly (mixed-dtype rows are staged with

@@ -90,12 +90,13 @@ static inline void LN_FN(stats_of)(const LN_S *x, size_t d, ln_stats *st, int rm
 /* y from the statistics and rstd = 1/sqrt(var + eps) (in double). With
  * mean 0 (RMSNorm) this is x * r, rounded once: fma(x - 0, r, -0). */
 static void LN_FN(output)(const LN_S *x, LN_S *y, size_t d, const ln_stats *st,
-                          double rstd, const LN_P *w, const LN_P *b, int stream)
+                          double rstd, const LN_P *w, const LN_P *b, int stream,
+                          const void *ahead)
 {
     LN_T hi = (LN_T)st->mean;
     LN_T lo = (LN_T)(st->mean - (double)hi);
     LN_T r = (LN_T)rstd;
-    LN_FN(apply)(x, y, d, hi, r, LN_FN(offset)(lo, r), w, b, stream);
+    LN_FN(apply)(x, y, d, hi, r, LN_FN(offset)(lo, r), w, b, stream, ahead);
 }
 
 /* Every output NaN (a NaN record). */

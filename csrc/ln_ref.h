@@ -53,11 +53,13 @@ static void LN_FN(sum_shifted_squares)(const LN_S *x, size_t d, LN_T shift, LN_T
     *s2 = ln_tree_sum(t2);
 }
 
-/* y = affine(normalize(x)). The reference never streams. */
+/* y = affine(normalize(x)). The reference never streams (nor
+ * prefetches the record ahead). */
 static void LN_FN(apply)(const LN_S *x, LN_S *y, size_t d, LN_T hi, LN_T r,
-                         LN_T c, const LN_P *w, const LN_P *b, int stream)
+                         LN_T c, const LN_P *w, const LN_P *b, int stream, const char *ahead)
 {
     (void)stream;
+    (void)ahead;
     for (size_t i = 0; i < d; i++)
         LN_STORE(y + i, LN_FN(affine)(LN_FN(normalize)(LN_LOAD(x + i), hi, r, c),
                                       w, b, i));
