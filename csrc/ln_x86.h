@@ -656,6 +656,14 @@ static inline __m256d ln_tree_last4(const __m256d r[4])
     return _mm256_add_pd(_mm256_add_pd(l0, l2), _mm256_add_pd(l1, l3));
 }
 
+/* Records k..k+3 of n (rows src_row bytes apart; past n, the last). */
+static inline void ln_rows4(const float *p[4], const char *src, ptrdiff_t src_row, size_t n,
+                            size_t k)
+{
+    for (size_t i = 0; i < 4; i++)
+        p[i] = (const float *)(src + (ptrdiff_t)(k + i < n ? k + i : n - 1) * src_row);
+}
+
 /* The statistics of n records (float rows src_row bytes apart, nv
  * registers of them read: 4 for one lane row, 8 for two, the first
  * four summed into the lanes and the others added to them; lanes past d
@@ -663,7 +671,9 @@ static inline __m256d ln_tree_last4(const __m256d r[4])
  * last four repeat the last record; the outputs have room for a
  * multiple of four): the mean by the shifted first pass (item 4) and its
  * split hi + lo (or, rms, zeros), and the variance by the centered
- * second (item 5). */
+ * second (item 5). All n means come first, then the variances, so that a
+ * record's second pass does not wait on its mean's division (float32
+ * (4096, 32..64) in cache 0.91-0.97x the time). */
 static inline __attribute__((always_inline)) void
 ln_short_stats_nv(const char *src, ptrdiff_t src_row, size_t n, size_t d, int rms,
                   double *mean, double *var, float *hi, float *lo, int nv, int full)
@@ -677,8 +687,7 @@ ln_short_stats_nv(const char *src, ptrdiff_t src_row, size_t n, size_t d, int rm
     for (size_t k = 0; k < n; k += 4) {
         const float *p[4];
         __m256d r[4];
-        for (size_t i = 0; i < 4; i++)
-            p[i] = (const float *)(src + (ptrdiff_t)(k + i < n ? k + i : n - 1) * src_row);
+        ln_rows4(p, src, src_row, n, k);
         if (rms) {
             _mm256_storeu_pd(mean + k, _mm256_setzero_pd());
             _mm_storeu_ps(hi + k, _mm_setzero_ps());
@@ -701,6 +710,11 @@ ln_short_stats_nv(const char *src, ptrdiff_t src_row, size_t n, size_t d, int rm
             _mm_storeu_ps(hi + k, h);
             _mm_storeu_ps(lo + k, _mm256_cvtpd_ps(_mm256_sub_pd(mu, _mm256_cvtps_pd(h))));
         }
+    }
+    for (size_t k = 0; k < n; k += 4) {
+        const float *p[4];
+        __m256d r[4];
+        ln_rows4(p, src, src_row, n, k);
         for (int i = 0; i < 4; i++) { /* the squares of (x - hi) - lo */
             __m256 a[4], h = _mm256_set1_ps(hi[k + i]), l = _mm256_set1_ps(lo[k + i]);
             for (int q = 0; q < 4; q++) {
