@@ -255,6 +255,23 @@ static int LN_OPS(short_is_plain)(const ln_stats *st, double eps, double rstd)
 static int LN_OPS(record_stats)(const ln_rows *r, size_t k, int rms);
 static int LN_OPS(record_output)(const ln_rows *r, size_t k, int rms);
 
+/* Does the group from record k0 ask for the next group's rows before its
+ * outputs are written? Only when they are streamed, so that memory reads
+ * the next group while this one is written, and for rows of more than
+ * two cache lines (float32 out=, 1 thread: (1e6, 64) 0.87-0.89x the time,
+ * (1e6, 48) 0.89-0.90x; (1e6, 32) and (1e6, 16) gained nothing). */
+static int LN_OPS(short_ahead)(const ln_rows *r, size_t k0)
+{
+    return r->stream && r->d * sizeof(LN_S) > 128 && k0 + 2 * LN_SHORT_GROUP <= r->n;
+}
+
+/* (Inlined: GCC drops a call to a function that only prefetches.) */
+LN_ALWAYS_INLINE void LN_OPS(prefetch_next_group)(const ln_rows *r, size_t k0)
+{
+    for (size_t k = k0 + LN_SHORT_GROUP; k < k0 + 2 * LN_SHORT_GROUP; k++)
+        ln_prefetch((const char *)r->x + (ptrdiff_t)k * r->x_row, r->d * sizeof(LN_S));
+}
+
 /* Short records a group at a time (see ln_lane.h's short_group): the
  * plain ones from the group, the others by the record path. */
 #define LN_SHORT_GROUP_MIN 4
@@ -287,6 +304,8 @@ static int LN_OPS(norm_short_rows)(const ln_rows *r, int rms)
                 if (keep[k])
                     r->st[k0 + k] = st;
             }
+            if (LN_OPS(short_ahead)(r, k0))
+                LN_OPS(prefetch_next_group)(r, k0);
             LN_CORE(group_output)(&g, x, r->x_row, y, r->y_row, n, r->d, w, b, keep, r->stream);
         }
         for (size_t k = 0; k < n; k++) {
