@@ -169,8 +169,8 @@ static int LN_OPS(ln_output)(const LN_S *x, LN_S *y, size_t d, const LN_P *w,
  *                                 whole next row (float32 (16384, 4096)
  *                                 18% slower): the hardware prefetcher
  *                                 follows the rows.
- * From LN_PAIR_MAX_ROW_BYTES, streamed outputs ask for the next row a lane
- * row at a time instead (record_ahead). */
+ * From LN_GROUP_MAX_ROW_BYTES, streamed outputs ask for the next group's
+ * rows a lane row at a time instead (record_ahead). */
 #ifndef LN_GROUP
 #define LN_GROUP 8
 #define LN_GROUP_MAX_ROW_BYTES 1024
@@ -206,18 +206,23 @@ static int LN_OPS(record_stats)(const ln_rows *r, size_t k, int rms)
     return LN_OK;
 }
 
-/* Rows of more than LN_PAIR_MAX_ROW_BYTES are done one at a time; when
- * their outputs are streamed, each streamed lane row asks for the same
- * lines of the next record (into L2), so that the memory reads the next
- * record while this one is written: the statistics pass then finds it in
- * cache. float32 (16384, 4096) out=, 1 thread, 0.85x the time;
- * (8192, 1536) 0.80x; float64 (4096, 768) 0.81x. The whole next row
- * asked for at once (the smaller rows' prefetch below) gains nothing. */
+/* Rows of more than LN_GROUP_MAX_ROW_BYTES are done in pairs or one at a
+ * time; when their outputs are streamed, each streamed lane row asks for
+ * the same lines of the record one group ahead (into L2), so that the
+ * memory reads the next group while this one is written: its statistics
+ * pass then finds it in cache. out=, 1 thread, against no such prefetch:
+ * float32 (16384, 4096) 0.85-0.87x the time, (8192, 1536) 0.73-0.80x,
+ * (16384, 768) 0.81-0.83x, (65536, 384) 0.94x, (4096, 768) level (its
+ * input is in L3); float64 (4096, 768) 0.76-0.81x, (65536, 384) 0.82x.
+ * The whole next row asked for at once (the rows' prefetch in norm_rows)
+ * gains nothing for rows this long. */
 static const void *LN_OPS(record_ahead)(const ln_rows *r, size_t k)
 {
-    if (!r->stream || r->d * sizeof(LN_S) <= LN_PAIR_MAX_ROW_BYTES || k + 1 >= r->n)
+    int prefetch;
+    size_t row = r->d * sizeof(LN_S), group = LN_OPS(group_size)(row, &prefetch);
+    if (!r->stream || row <= LN_GROUP_MAX_ROW_BYTES || k + group >= r->n)
         return NULL;
-    return (const char *)r->x + (ptrdiff_t)(k + 1) * r->x_row;
+    return (const char *)r->x + (ptrdiff_t)(k + group) * r->x_row;
 }
 
 /* The output of record k from its statistics: LN_OK, LN_EBADEPS or
