@@ -710,7 +710,7 @@ LN_ALWAYS_INLINE void LN_FN(apply_tail)(const LN_S *x, LN_S *y, size_t i0, size_
         LN_STORE(y + i, LN_FN(affine)(LN_FN(normalize)(LN_LOAD(x + i), hi, r, c), w, b, i));
 }
 
-/* The cache lines of a lane row of the next record, into L2 (not L1,
+/* The cache lines of a lane row of a record ahead, into L2 (not L1,
  * which holds the record being written). */
 LN_ALWAYS_INLINE void LN_FN(prefetch_row)(const char *p)
 {
@@ -834,8 +834,8 @@ static void LN_FN(apply_in_place)(LN_S *xy, size_t i0, size_t d, LN_T hi, LN_T r
         LN_FN(apply_params)(xy, xy, i0, d, hi, r, c, w, b, 0, NULL);
 }
 
-/* ahead: the next record's row, whose lines a streamed row asks for
- * while this one is written (NULL: none). */
+/* ahead: a record ahead (ln_ops.h, record_ahead), whose lines a
+ * streamed row asks for while this one is written (NULL: none). */
 static void LN_FN(apply)(const LN_S *x, LN_S *y, size_t d, LN_T hi, LN_T r, LN_T c,
                          const LN_P *restrict w, const LN_P *restrict b, int stream,
                          const char *ahead)
