@@ -298,6 +298,23 @@ def test_long_half_records_streamed_into_a_large_out(dtype, restore_settings):
     _check_layer_norm_into_shifted_outs(x, w, b)
 
 
+@pytest.mark.parametrize("dtype,d", [(F32, 771), (F64, 385)], ids=str)
+def test_paired_records_streamed_into_a_large_out(dtype, d, restore_settings):
+    """Records of 1 to 4 KiB are done in pairs; written into an existing
+    out= of 8 MiB or more they are streamed, each lane row asking for the
+    next pair's lines while it is written: every record has the bits of the
+    same records computed a few at a time (outputs too small to stream), at
+    any alignment of out, on every ISA, for LayerNorm and RMSNorm."""
+    rng = np.random.default_rng(34)
+    n = (9 << 20) // (d * dtype.itemsize) + 3
+    x = (rng.standard_normal((n, d)) * 3 + 1).astype(dtype)
+    w, b = (rng.uniform(0.5, 2, d).astype(dtype), rng.standard_normal(d).astype(dtype))
+    want = np.concatenate([lnc.layer_norm(x[k:k + 512], w, b) for k in range(0, n, 512)])
+    want_rms = np.concatenate([lnc.rms_norm(x[k:k + 512], w) for k in range(0, n, 512)])
+    _check_into_shifted_outs(lambda out: lnc.layer_norm(x, w, b, out=out), want)
+    _check_into_shifted_outs(lambda out: lnc.rms_norm(x, w, out=out), want_rms)
+
+
 @pytest.mark.parametrize("dtype", [F32, F64], ids=str)
 def test_new_outputs_of_8_to_32_mib_streamed_same_bits(dtype, restore_settings):
     """A new output of 8 MiB up to 32 MiB is written with streaming stores
