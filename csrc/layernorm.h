@@ -114,6 +114,8 @@ typedef struct {
     ln_acc *dw, *db;      /* backward: this worker's sums, or NULL */
     ln_spare *spare;      /* a spare row for rare paths, allocated on demand */
     int stream;           /* write y with non-temporal stores */
+    int ahead;            /* a large call: the forward asks for the rows ahead
+                           * while it writes (ln_ops.h, record_ahead) */
 } ln_rows;
 
 /* A spare row for callers of the record kernels other than ln_batch_run

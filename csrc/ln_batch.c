@@ -138,6 +138,7 @@ typedef struct {
     int in_place;      /* every x (dy) and y row usable in place */
     int tiled;         /* records staged LN_TILE_ROWS at a time (run_tile) */
     int stream;
+    int ahead;         /* output of LN_STREAM_MIN_BYTES or more, streamed or not */
 } ln_batch_ctx;
 
 static size_t round64(size_t n) { return (n + 63) & ~(size_t)63; }
@@ -342,10 +343,12 @@ static void read_scalars(const ln_operand *op, size_t r, size_t n, double *out)
 }
 
 /* Records [r, r + n) from rows x and dy to rows y (x_row, dy_row and
- * y_row bytes apart; direct), the parameters fixed. */
+ * y_row bytes apart; direct), the parameters fixed. callers: the rows
+ * are the caller's arrays (not scratch), so that large calls stream y and
+ * ask for the rows ahead. */
 static int run_rows(const ln_batch_ctx *c, ln_worker *wk, size_t r, size_t n, const char *x,
                     ptrdiff_t x_row, const char *dy, ptrdiff_t dy_row, char *y,
-                    ptrdiff_t y_row, int stream)
+                    ptrdiff_t y_row, int callers)
 {
     const ln_job *job = c->job;
     ln_stats st[LN_CALL_ROWS];
@@ -358,7 +361,8 @@ static int run_rows(const ln_batch_ctx *c, ln_worker *wk, size_t r, size_t n, co
     rows.x_row = x_row;
     rows.y = y;
     rows.y_row = y_row;
-    rows.stream = stream;
+    rows.stream = callers && c->stream;
+    rows.ahead = callers && c->ahead;
     if (c->info->reads_dy) {
         rows.dy = dy;
         rows.dy_row = dy_row;
@@ -374,8 +378,7 @@ static int run_in_place(const ln_batch_ctx *c, ln_worker *wk, size_t r, size_t n
     const ln_job *job = c->job;
     const char *dy = c->info->reads_dy ? job->dy.ptr + (ptrdiff_t)r * job->dy.row : NULL;
     return run_rows(c, wk, r, n, job->x.ptr + (ptrdiff_t)r * job->x.row, job->x.row, dy,
-                    job->dy.row, job->y.ptr + (ptrdiff_t)r * job->y.row, job->y.row,
-                    c->stream);
+                    job->dy.row, job->y.ptr + (ptrdiff_t)r * job->y.row, job->y.row, 1);
 }
 
 /* Records [r, r + n) (n <= LN_TILE_ROWS) of a tiled call: staged into
@@ -512,6 +515,7 @@ int ln_batch_run(const ln_kernels *k, const ln_job *job, int n_threads)
                     ln_rows_are_direct(&job->y, job->dtype) &&
                     (!info->reads_dy || ln_rows_are_direct(&job->dy, job->dtype)),
         .stream = streams_output(job, job->n_rows * row_bytes),
+        .ahead = job->n_rows * row_bytes >= LN_STREAM_MIN_BYTES,
     };
     c.tiled = !c.in_place && tileable(job, info);
     ln_task task = {

@@ -786,11 +786,15 @@ LN_ALWAYS_INLINE void LN_FN(apply_rows)(const LN_S *x, LN_S *y, size_t i0, size_
 #endif
 #if defined(LN_STORE_ROW)
         LN_STORE_ROW(y + i, v);
+        if (ahead)
+            LN_FN(prefetch_row)(ahead + i * sizeof(LN_S));
         continue;
 #endif
 #endif
         for (size_t j = 0; j < LN_LANES; j++)
             LN_STORE(y + i + j, LN_OUT(j));
+        if (ahead)
+            LN_FN(prefetch_row)(ahead + i * sizeof(LN_S));
     }
     LN_FN(apply_tail)(x, y, i, d, hi, r, c, w, b);
 }
@@ -821,7 +825,7 @@ static void LN_FN(apply_disjoint)(const LN_S *restrict x, LN_S *restrict y, size
     if (stream)
         LN_FN(apply_params)(x, y, i0, d, hi, r, c, w, b, 1, ahead);
     else
-        LN_FN(apply_params)(x, y, i0, d, hi, r, c, w, b, 0, NULL);
+        LN_FN(apply_params)(x, y, i0, d, hi, r, c, w, b, 0, ahead);
 }
 
 static void LN_FN(apply_in_place)(LN_S *xy, size_t i0, size_t d, LN_T hi, LN_T r, LN_T c,
@@ -831,11 +835,11 @@ static void LN_FN(apply_in_place)(LN_S *xy, size_t i0, size_t d, LN_T hi, LN_T r
     if (stream)
         LN_FN(apply_params)(xy, xy, i0, d, hi, r, c, w, b, 1, ahead);
     else
-        LN_FN(apply_params)(xy, xy, i0, d, hi, r, c, w, b, 0, NULL);
+        LN_FN(apply_params)(xy, xy, i0, d, hi, r, c, w, b, 0, ahead);
 }
 
-/* ahead: a record ahead (ln_ops.h, record_ahead), whose lines a
- * streamed row asks for while this one is written (NULL: none). */
+/* ahead: a record ahead (ln_ops.h, record_ahead), whose lines each lane
+ * row asks for while this one is written (NULL: none). */
 static void LN_FN(apply)(const LN_S *x, LN_S *y, size_t d, LN_T hi, LN_T r, LN_T c,
                          const LN_P *restrict w, const LN_P *restrict b, int stream,
                          const char *ahead)

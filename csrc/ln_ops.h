@@ -169,8 +169,8 @@ static int LN_OPS(ln_output)(const LN_S *x, LN_S *y, size_t d, const LN_P *w,
  *                                 whole next row (float32 (16384, 4096)
  *                                 18% slower): the hardware prefetcher
  *                                 follows the rows.
- * From LN_GROUP_MAX_ROW_BYTES, streamed outputs ask for the next group's
- * rows a lane row at a time instead (record_ahead). */
+ * From LN_GROUP_MAX_ROW_BYTES, large calls ask for the next group's rows
+ * a lane row at a time instead (record_ahead). */
 #ifndef LN_GROUP
 #define LN_GROUP 8
 #define LN_GROUP_MAX_ROW_BYTES 1024
@@ -207,20 +207,24 @@ static int LN_OPS(record_stats)(const ln_rows *r, size_t k, int rms)
 }
 
 /* Rows of more than LN_GROUP_MAX_ROW_BYTES are done in pairs or one at a
- * time; when their outputs are streamed, each streamed lane row asks for
- * the same lines of the record one group ahead (into L2), so that the
- * memory reads the next group while this one is written: its statistics
- * pass then finds it in cache. out=, 1 thread, against no such prefetch:
- * float32 (16384, 4096) 0.85-0.87x the time, (8192, 1536) 0.73-0.80x,
- * (16384, 768) 0.81-0.83x, (65536, 384) 0.94x, (4096, 768) level (its
- * input is in L3); float64 (4096, 768) 0.76-0.81x, (65536, 384) 0.82x.
- * The whole next row asked for at once (the rows' prefetch in norm_rows)
- * gains nothing for rows this long. */
+ * time; in a large call (r->ahead: an output of 8 MiB or more) each lane
+ * row of outputs asks for the same lines of the record one group ahead
+ * (into L2), so that the memory reads the next group while this one is
+ * written: its statistics pass then finds it in cache. out=, 1 thread,
+ * against no such prefetch: float32 (16384, 4096) 0.85-0.87x the time,
+ * (8192, 1536) 0.73-0.80x, (16384, 768) 0.81-0.83x, (65536, 384) 0.94x,
+ * (4096, 768) level (its input is in L3); float64 (4096, 768) 0.76-0.81x,
+ * (65536, 384) 0.82x. Stored plainly (a new output of 32 MiB or more):
+ * float16 (16384, 4096) 0.85-0.86x, float32 (8192, 1536) 0.94x,
+ * (16384, 4096) level. In smaller calls, whose rows are in cache anyway,
+ * it cost float32 (64, 768) and (128, 4096) 10-20%. The whole next row
+ * asked for at once (the rows' prefetch in norm_rows) gains nothing for
+ * rows this long. */
 static const void *LN_OPS(record_ahead)(const ln_rows *r, size_t k)
 {
     int prefetch;
     size_t row = r->d * sizeof(LN_S), group = LN_OPS(group_size)(row, &prefetch);
-    if (!r->stream || row <= LN_GROUP_MAX_ROW_BYTES || k + group >= r->n)
+    if (!r->ahead || row <= LN_GROUP_MAX_ROW_BYTES || k + group >= r->n)
         return NULL;
     return (const char *)r->x + (ptrdiff_t)(k + group) * r->x_row;
 }

@@ -299,20 +299,25 @@ def test_long_half_records_streamed_into_a_large_out(dtype, restore_settings):
 
 
 @pytest.mark.parametrize("dtype,d", [(F32, 771), (F64, 385)], ids=str)
-def test_paired_records_streamed_into_a_large_out(dtype, d, restore_settings):
-    """Records of 1 to 4 KiB are done in pairs; written into an existing
-    out= of 8 MiB or more they are streamed, each lane row asking for the
-    next pair's lines while it is written: every record has the bits of the
-    same records computed a few at a time (outputs too small to stream), at
-    any alignment of out, on every ISA, for LayerNorm and RMSNorm."""
+def test_paired_records_of_a_large_call_same_bits(dtype, d, restore_settings):
+    """Records of 1 to 4 KiB are done in pairs; in a call with an output of
+    8 MiB or more each lane row asks for the next pair's lines while it is
+    written, streamed into an existing out= or stored plainly into a new
+    array of 32 MiB or more: every record has the bits of the same records
+    computed a few at a time (a small call), at any alignment of out, on
+    every ISA, for LayerNorm and RMSNorm."""
     rng = np.random.default_rng(34)
-    n = (9 << 20) // (d * dtype.itemsize) + 3
+    n = (34 << 20) // (d * dtype.itemsize) + 3
     x = (rng.standard_normal((n, d)) * 3 + 1).astype(dtype)
     w, b = (rng.uniform(0.5, 2, d).astype(dtype), rng.standard_normal(d).astype(dtype))
     want = np.concatenate([lnc.layer_norm(x[k:k + 512], w, b) for k in range(0, n, 512)])
     want_rms = np.concatenate([lnc.rms_norm(x[k:k + 512], w) for k in range(0, n, 512)])
     _check_into_shifted_outs(lambda out: lnc.layer_norm(x, w, b, out=out), want)
     _check_into_shifted_outs(lambda out: lnc.rms_norm(x, w, out=out), want_rms)
+    for isa in lnc.supported_isas():
+        lnc.set_isa(isa)
+        assert_same_bits(lnc.layer_norm(x, w, b), want, f"{isa}, a new array")
+        assert_same_bits(lnc.rms_norm(x, w), want_rms, f"{isa}, a new array, rms")
 
 
 @pytest.mark.parametrize("dtype", [F32, F64], ids=str)
