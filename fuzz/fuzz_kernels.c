@@ -11,7 +11,8 @@
  *          float16, bfloat16, float32 or float64, contiguous rows at row
  *          strides of d or more items (negative too), in place (x == y) or
  *          not, weight and bias present or absent (in the compute type),
- *          streaming stores on or off, and a real spare row (ln_spare_new);
+ *          streaming stores and the prefetch of the rows ahead on or off, and a
+ *          real spare row (ln_spare_new);
  *   batch  ln_batch_run with arbitrary byte strides (negative, zero and
  *          overlapping rows for the inputs, column-major and odd strides
  *          that misalign every element, buffers at any byte offset), mixed
@@ -542,6 +543,7 @@ static void fuzz_row(reader *r)
     unsigned nb = take8(r);
     size_t n = 1 + nb % 8 + (more ? 8 : 0);
     ln_op op = (nb >> 3) & 1 ? LN_OP_RMS_NORM : LN_OP_LAYER_NORM;
+    int ahead = (nb >> 4) & 1; /* a large call's prefetch of the rows ahead */
     if (op == LN_OP_RMS_NORM)
         has_b = 0; /* RMSNorm has no bias */
     ptrdiff_t x_row = (ptrdiff_t)((d + take8(r) % 5) * isz);
@@ -600,7 +602,7 @@ static void fuzz_row(reader *r)
             .w = has_w ? (const void *)wk.origin : NULL,
             .b = has_b ? (const void *)bk.origin : NULL,
             .eps = (const double *)epsk.p, .st = (ln_stats *)stk.p,
-            .spare = spare, .stream = stream,
+            .spare = spare, .stream = stream, .ahead = ahead,
         };
         int rc = ks[k]->op[op][t](&rows);
         ks[k]->store_fence();
