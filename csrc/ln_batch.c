@@ -43,10 +43,14 @@
  * gufunc path are not marked new: they are streamed from 8 MiB on. */
 #define LN_STREAM_NEW_MAX_BYTES ((size_t)32 << 20)
 
+/* Is an output of `bytes` large enough to leave the caches (streamed,
+ * and the forward asking for the rows ahead: ln_ops.h, record_ahead)? */
+static int large_output(size_t bytes) { return bytes >= LN_STREAM_MIN_BYTES; }
+
 /* Is the job's output, `bytes` long, written with streaming stores? */
 static int streams_output(const ln_job *job, size_t bytes)
 {
-    return bytes >= LN_STREAM_MIN_BYTES && (!job->y_new || bytes < LN_STREAM_NEW_MAX_BYTES);
+    return large_output(bytes) && (!job->y_new || bytes < LN_STREAM_NEW_MAX_BYTES);
 }
 
 /* Records per kernel call when rows are used in place. */
@@ -138,7 +142,7 @@ typedef struct {
     int in_place;      /* every x (dy) and y row usable in place */
     int tiled;         /* records staged LN_TILE_ROWS at a time (run_tile) */
     int stream;
-    int ahead;         /* output of LN_STREAM_MIN_BYTES or more, streamed or not */
+    int ahead;         /* a large output (large_output), streamed or not */
 } ln_batch_ctx;
 
 static size_t round64(size_t n) { return (n + 63) & ~(size_t)63; }
@@ -515,7 +519,7 @@ int ln_batch_run(const ln_kernels *k, const ln_job *job, int n_threads)
                     ln_rows_are_direct(&job->y, job->dtype) &&
                     (!info->reads_dy || ln_rows_are_direct(&job->dy, job->dtype)),
         .stream = streams_output(job, job->n_rows * row_bytes),
-        .ahead = job->n_rows * row_bytes >= LN_STREAM_MIN_BYTES,
+        .ahead = large_output(job->n_rows * row_bytes),
     };
     c.tiled = !c.in_place && tileable(job, info);
     ln_task task = {
