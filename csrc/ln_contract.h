@@ -53,18 +53,25 @@
  *    eps, or a constant record with eps = 0 (0/0) is written as the
  *    canonical quiet NaN (NaNs made by arithmetic differ in sign between
  *    x86 and aarch64).
- * 10. The backward. One pass over (x, dy) around m0, the forward's mean
- *    (given, or recomputed by items 1-4: the same bits), in the compute
- *    type with t = x - m0 and g = dy * weight (rounded once; ones for no
- *    gain): four sums in the order of items 1-3, of t, of t^2 and g*t
- *    (fused: fma(t, t, acc), fma(g, t, acc)) and of g. In double:
- *    md = sum t / d, mean = m0 + md, var = max(sum t^2 / d - md^2, 0) (md
- *    is within rounding of 0: m0 is the mean), r = 1/sqrt(var + eps),
+ * 10. The backward. One pass over (x, dy) around a shift m0, in the
+ *    compute type with t = x - m0 and g = dy * weight (rounded once; ones
+ *    for no gain): four sums in the order of items 1-3, of t, of t^2 and
+ *    g*t (fused: fma(t, t, acc), fma(g, t, acc)) and of g. In double:
+ *    md = sum t / d, mean = m0 + md, var = max(sum t^2 / d - md^2, 0),
+ *    r = 1/sqrt(var + eps),
  *    a = sum g / d, bm = r (sum g t - md sum g) / d. Then per element,
  *    xhat = fma(x - hi, r, c) as in item 6 and dx = fma(-xhat, bm, g - a) * r,
  *    rounded once to the output type. The parameter gradients' terms
  *    dy * xhat and dy are summed exactly (ln_accum.h) and rounded once, so
- *    their order never matters. Fallbacks and NaN records as in items 8-9,
+ *    their order never matters. The shift: for records of more than
+ *    LN_ONE_PASS_MIN_D features, m0 = c, item 5's square shift, kept when
+ *    md^2 <= var (c within a standard deviation of the mean: the
+ *    subtraction loses at most a bit) and the record needs none of the
+ *    fallbacks below; otherwise, and for shorter records, the pass is
+ *    taken around the forward's mean (given, or recomputed by items 1-4:
+ *    the same bits; md is then within rounding of 0). Whether c is kept
+ *    depends on x alone, so a given mean never changes a bit.
+ *    Fallbacks and NaN records as in items 8-9,
  *    and: a float record whose float sums overflow, or whose formulas
  *    could overflow in float (|dy| max|weight| + |a| + max|xhat| |bm|
  *    beyond FLT_MAX) or use a subnormal r, is computed in double; a record

@@ -157,7 +157,8 @@ enum { LN_DEPOSIT_3 = 0, LN_DEPOSIT_2 = 1, LN_DEPOSIT_SCALAR = 2, LN_DEPOSIT_PLA
 
 /* A record's backward statistics and coefficients, in double: its mean
  * and variance refined from the sums around the shift m0 (exact enough
- * whatever the offset, since m0 is within a float of the mean),
+ * whatever the offset, since m0 is within a standard deviation of the
+ * mean, or within a float of it: ln_contract.h, item 10),
  * rstd = 1/sqrt(var + eps), a = mean(g), bm = mean(g * xhat). */
 typedef struct {
     double mean, var, rstd, a, bm, md;

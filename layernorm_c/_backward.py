@@ -245,12 +245,15 @@ def layer_norm_backward(
     axis : int or tuple of ints, keyword-only, optional
         The forward's normalized axes. Default -1.
     mean, var : array_like, keyword-only, optional
-        The statistics ``layer_norm(..., return_stats=True)`` returned. Giving
-        ``mean`` saves the pass that recomputes it and never changes the
-        result: the backward refines the statistics around it in the pass
-        it makes over ``x`` anyway (float32 statistics alone are not
-        accurate enough at large offsets). ``var`` is checked and not
-        needed. Either may keep the normalized axes as 1s.
+        The statistics ``layer_norm(..., return_stats=True)`` returned.
+        ``mean`` never changes the result: the backward refines the
+        statistics in the pass it makes over ``x`` anyway (float32
+        statistics alone are not accurate enough at large offsets), around
+        a shift of its own for records of more than 64 features, and
+        around the forward's mean for the others and for records whose
+        shift is poor; there, giving ``mean`` saves the pass that
+        recomputes it. ``var`` is checked and not needed. Either may keep
+        the normalized axes as 1s.
 
     Returns
     -------

@@ -388,6 +388,85 @@ def test_omitted_mean_is_the_forwards_near_its_fallbacks(dtype, restore_settings
             assert_same_bits(u, v, f"{name} ({isa})")
 
 
+def _records_around_the_square_shift(dtype, d, seed=11):
+    """Records of N(1e4, 1) (1e2 in float16) whose first eight values, the
+    square shift's span, are moved by k standard deviations: near the
+    mean the backward keeps its one pass around the shift, far from it
+    (beyond about sqrt(d / 8)) the shift fails and the pass is taken again
+    around the forward's mean; a lone outlier at x[0] and one past the
+    span too."""
+    rng = np.random.default_rng(seed)
+    offset = 1e2 if dtype == F16 else 1e4
+    rows = []
+    for k in (0.0, 0.5, 1.0, 2.0, 4.0, 8.0, 12.0, 50.0, 300.0):
+        for sign in (1, -1):
+            z = offset + rng.standard_normal(d)
+            z[:8] += sign * k
+            rows.append(z)
+    z = offset + rng.standard_normal(d)
+    z[0] += 40.0
+    rows.append(z)
+    z = offset + rng.standard_normal(d)
+    z[d // 2] += 40.0
+    rows.append(z)
+    return np.array(rows).astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+@pytest.mark.parametrize("d", [65, 768, 4 * BLOCK + 23])
+def test_square_shift_kept_or_not_same_bits_and_accurate(dtype, d, restore_settings):
+    """Records of more than 64 features take their backward's pass around
+    the square shift when it lies within a standard deviation of the
+    mean, else around the forward's mean (item 10 of the contract): on
+    both sides of that test, every level gives the scalar level's bits,
+    a given mean changes none, and dx and dweight stay within the
+    float64 reference's tolerance (a shift kept far from the mean would
+    cancel most digits of the variance)."""
+    x = _records_around_the_square_shift(dtype, d)
+    rng = np.random.default_rng(d)
+    dy = rng.standard_normal(x.shape).astype(dtype)
+    w = rng.uniform(0.5, 2, d).astype(dtype)
+    mean = lnc.layer_norm(x, w, return_stats=True).mean
+    lnc.set_isa("scalar")
+    want = lnc.layer_norm_backward(dy, x, w)
+    for isa in lnc.supported_isas():
+        lnc.set_isa(isa)
+        for given in (None, mean):
+            g = lnc.layer_norm_backward(dy, x, w, mean=given)
+            for name, u, v in zip(g._fields, g, want):
+                assert_same_bits(u, v, f"{name} ({isa}, mean given: {given is not None})")
+    dx, dw, _ = ref_backward(dy, x, w)
+    t = TOL[dtype]
+    err = np.abs(want.dx - dx).max(axis=1) / np.abs(dx).max(axis=1)
+    assert err.max() <= t, f"dx error {err.max():.3g} of max|dx| (record {err.argmax()})"
+    assert np.abs(want.dweight - dw).max() <= t * np.abs(dw).max()
+
+
+# float32 dx of records whose square shift is far from the mean: within
+# this of max|dx| (about 1e-7 measured), where a pass kept around such a
+# shift loses digits to the variance's cancellation (1.2e-5 at d = 65536).
+FAR_SHIFT_TOL = 1e-6
+
+
+@pytest.mark.parametrize("d", [8192, 65536])
+def test_float32_far_square_shift_keeps_full_accuracy(d):
+    """The square shift's eight values far from a tight record's mean
+    (md^2 up to d/8 times the variance): the backward takes its pass
+    around the forward's mean instead, and stays as accurate as for any
+    other record."""
+    rng = np.random.default_rng(d)
+    x = 1e4 + rng.standard_normal((6, d))
+    x[:, :8] += np.array([3.0, 30.0, 300.0, 3000.0, -3000.0, 9000.0])[:, None]
+    x = x.astype(np.float32)
+    dy = rng.standard_normal(x.shape).astype(np.float32)
+    w = rng.uniform(0.5, 2, d).astype(np.float32)
+    g = lnc.layer_norm_backward(dy, x, w)
+    dx, dw, _ = ref_backward(dy, x, w)
+    err = np.abs(g.dx - dx).max(axis=1) / np.abs(dx).max(axis=1)
+    assert err.max() <= FAR_SHIFT_TOL, f"dx error {err.max():.3g} of max|dx| (record {err.argmax()})"
+    assert np.abs(g.dweight - dw).max() <= FAR_SHIFT_TOL * np.abs(dw).max()
+
+
 SHORT_CASES = [(F32, 1), (F32, 5), (F32, 8), (F32, 16), (F32, 27), (F32, 32),
                (F64, 3), (F64, 8), (F64, 16), (F16, 16)]
 
