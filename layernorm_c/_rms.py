@@ -21,6 +21,7 @@ from ._api import (
     _check_flag,
     _check_out,
     _compute_dtype,
+    _copy_records_back,
     _F32,
     _plan,
     _Plan,
@@ -203,8 +204,7 @@ def rms_norm(
     else:
         _core._rms_w(xm, scale.astype(work).reshape(d), np.float64(eps), out=(ym, ms))
     if not is_view:
-        np.copyto(y.transpose(plan.perm), ym.reshape(tuple(y.shape[i] for i in plan.perm)),
-                  casting="unsafe")
+        _copy_records_back(y, ym, plan, casting="unsafe")
     return RMSNormResult(y, ms) if want_stats else y
 
 
