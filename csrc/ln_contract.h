@@ -70,7 +70,8 @@
  *    fallbacks below; otherwise, and for shorter records, the pass is
  *    taken around the forward's mean (given, or recomputed by items 1-4:
  *    the same bits; md is then within rounding of 0). Whether c is kept
- *    depends on x alone, so a given mean never changes a bit.
+ *    depends on the record's x, dy and weight, never on a given mean, so
+ *    a given mean changes no bit.
  *    Fallbacks and NaN records as in items 8-9,
  *    and: a float record whose float sums overflow, or whose formulas
  *    could overflow in float (|dy| max|weight| + |a| + max|xhat| |bm|
