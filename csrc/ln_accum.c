@@ -261,41 +261,51 @@ static double round_to_bits(const u256 *m, int scale, int bits)
 }
 
 
-/* T1 2^50 + T2 (units of 2^-86) rounded to `bits` bits in double
- * arithmetic, when |T1| < 2^52: T2's part above 2^50 carried into T1
- * leaves two exact doubles, A = T1 2^50 and B = T2 mod 2^50, whose sum
+/* T1 2^50 + T2 (units of 2^-86) rounded to `bits` bits (53 or 24, a
+ * constant where it is inlined) in double arithmetic, when
+ * |T1 + carry| < 2^51: T2's part above 2^50 carried into T1 leaves two
+ * exact doubles, A = (T1 + carry) 2^50 and B = T2 mod 2^50, whose sum
  * A + B is rounded once (53 bits). For 24 bits that sum is rounded once
  * more, to float: the same as rounding the exact value once, unless the
  * first rounding landed on a point halfway between two floats (rounding
  * to nearest is monotone and those points are doubles, so the exact value
- * lies on the same side of every other one). Those rare sums are left to
- * the caller's exact path. 0 when |T1| is larger, or for such a sum. */
-static int double_value(int64_t t1, int64_t t2, int bits, double *out)
+ * lies on the same side of every other one). Those sums, and larger T1,
+ * are left to the caller's exact path: the result is nonzero for them
+ * (*out then meaningless), 0 when *out is the sum.
+ *
+ * Written without branches, 64-bit integer conversions or 64-bit
+ * compares, so that ln_acc_value's loop over the features vectorizes
+ * even on SSE2 ((1, 768) float32 backward: 4 of its 8.5 us went to
+ * rounding its 1536 sums one at a time): A + carry converts by the magic
+ * constant 1.5 * 2^52, B by 2^52, and the float rounding is done on the
+ * sum's bits (a halfway sum being excluded, half up on the magnitude is
+ * to nearest; |sum| lies far inside float's normal range), all exact. */
+#if defined(__GNUC__) || defined(__clang__)
+__attribute__((always_inline))
+#endif
+static inline uint64_t double_value(uint64_t t1, uint64_t t2, int bits, double *out)
 {
-    const int64_t unit = (int64_t)1 << LN_ACC_WIDTH;
-    if (!(t1 > -((int64_t)1 << 52) && t1 < ((int64_t)1 << 52)) || (bits != 53 && bits != 24))
-        return 0;
-    /* low = t2 mod 2^50, in [0, 2^50), and carry = floor(t2 / 2^50)
-     * (|carry| <= 2^13), an exact division: without a branch on the sign
-     * of t2, which is a coin toss for gradient sums (the mispredicted
-     * branch had made half the time of a (1, 768) backward call). */
-    int64_t low = (int64_t)((uint64_t)t2 & (uint64_t)(unit - 1));
-    int64_t carry = (t2 - low) / unit;
-    double a = (double)(t1 + carry) * pow2(LN_ACC_WIDTH), b = (double)low;
-    double sum = a + b;
-    double scale = pow2(LN_ACC_TOP_EXP - LN_ACC_WIDTH * (LN_ACC_LEVELS - 1));
-    if (bits == 53) {
-        *out = sum * scale;
-        return 1;
+    const uint64_t unit = (uint64_t)1 << LN_ACC_WIDTH, sign = (uint64_t)1 << 13;
+    const uint64_t below = ((uint64_t)1 << (53 - 24)) - 1, half = (below >> 1) + 1;
+    /* low = T2 mod 2^50 and carry = floor(T2 / 2^50), 14 bits sign-extended
+     * (no signed shift; a branch on the sign of T2, a coin toss for
+     * gradient sums, had made half the time of a (1, 768) backward call) */
+    uint64_t low = t2 & (unit - 1);
+    uint64_t carry = (((t2 - low) >> LN_ACC_WIDTH) ^ sign) - sign;
+    uint64_t hi_bits = ln_acc_bits(0x1.8p52) + t1 + carry, lo_bits = ln_acc_bits(0x1p52) | low;
+    double hi, lo;
+    memcpy(&hi, &hi_bits, sizeof hi);
+    memcpy(&lo, &lo_bits, sizeof lo);
+    double sum = (hi - 0x1.8p52) * pow2(LN_ACC_WIDTH) + (lo - 0x1p52);
+    uint64_t no = (t1 + carry + ((uint64_t)1 << 51)) >> 52; /* |T1 + carry| >= 2^51 */
+    if (bits == 24) {
+        uint64_t u = ln_acc_bits(sum);
+        no |= (((u & below) ^ half) - 1) >> 63; /* halfway */
+        u = (u + half) & ~below;
+        memcpy(&sum, &u, sizeof sum);
     }
-    /* Halfway between two floats: the 29 bits below float's 24 are 1000...
-     * (an error-free sum and a step to odd had cost 3x as much, for every
-     * sum: (1, 768) float32 spent 60% of its call rounding). */
-    const uint64_t below = ((uint64_t)1 << (53 - 24)) - 1;
-    if ((ln_acc_bits(sum) & below) == (below >> 1) + 1)
-        return 0;
-    *out = (double)(float)(sum * scale);
-    return 1;
+    *out = sum * pow2(LN_ACC_TOP_EXP - LN_ACC_WIDTH * (LN_ACC_LEVELS - 1));
+    return no;
 }
 
 #if defined(__SIZEOF_INT128__)
@@ -311,7 +321,7 @@ static int small_value(const ln_i128 *t, int bits, double *out)
         if (t[l].hi != ((int64_t)t[l].lo < 0 ? -1 : 0))
             return 0;
     double quick;
-    if (double_value((int64_t)t[1].lo, (int64_t)t[2].lo, bits, &quick)) {
+    if ((bits == 53 || bits == 24) && !double_value(t[1].lo, t[2].lo, bits, &quick)) {
         *out = quick;
         return 1;
     }
@@ -389,21 +399,15 @@ static int unspilled_value(const ln_acc *a, size_t j, const uint64_t base[LN_ACC
 {
     if (a->spilled || a->sum[0][j] != base[0])
         return 0;
-    return double_value((int64_t)(a->sum[1][j] - base[1]), (int64_t)(a->sum[2][j] - base[2]),
-                        bits, out);
+    return (bits == 53 || bits == 24) &&
+           !double_value(a->sum[1][j] - base[1], a->sum[2][j] - base[2], bits, out);
 }
 
-/* double_value's sums for the features [j0, j0 + n) of an accumulator
- * never spilled, with the same operations written without branches and
- * without 64-bit integer conversions, so that the compiler takes a vector
- * of features at a time ((1, 768) float32 backward: 4 of its 8.5 us went
- * to rounding its 1536 sums one by one). T1 + carry converts exactly by
- * the magic constant 1.5 * 2^52 when |T1 + carry| < 2^51, and the low part
- * by 2^52. bad[j]: 0 where out[j] is the sum, nonzero where feature j needs
- * ln_acc_value's general path (its top level set, |T1 + carry| of 2^51
- * or more, or a float rounding that lands halfway; the caller tests the
- * flags: bytes among the loop's 64-bit words had made it take 16
- * features a step, and run its scalar copy). */
+/* double_value for the features [j0, j0 + n) of an accumulator never
+ * spilled, into out[j], and bad[j] nonzero where feature j needs
+ * ln_acc_value's general path (double_value's cases, or its top level
+ * set; the caller tests the flags: bytes among the loop's 64-bit words
+ * had made it take 16 features a step, and run its scalar copy). */
 #define LN_QUICK_CHUNK 256
 #if defined(__GNUC__) || defined(__clang__)
 __attribute__((always_inline)) /* bits a constant where it is called */
@@ -412,42 +416,11 @@ static inline void quick_values(const ln_acc *a, size_t j0, size_t n,
                                 const uint64_t base[LN_ACC_LEVELS], int bits, double *out,
                                 uint64_t *bad)
 {
-    _Static_assert(LN_ACC_LEVELS == 3 && LN_ACC_WIDTH == 50, "two lower levels 50 bits apart");
+    _Static_assert(LN_ACC_LEVELS == 3, "a top level and two lower ones");
     const uint64_t *s0 = a->sum[0] + j0, *s1 = a->sum[1] + j0, *s2 = a->sum[2] + j0;
     const uint64_t b0 = base[0], b1 = base[1], b2 = base[2];
-    const uint64_t unit = (uint64_t)1 << LN_ACC_WIDTH, sign = (uint64_t)1 << 13;
-    const uint64_t magic1 = ln_acc_bits(0x1.8p52), magic2 = ln_acc_bits(0x1p52);
-    const uint64_t below = ((uint64_t)1 << (53 - 24)) - 1, half = (below >> 1) + 1;
-    const double scale = pow2(LN_ACC_TOP_EXP - LN_ACC_WIDTH * (LN_ACC_LEVELS - 1));
-    const double shift = pow2(LN_ACC_WIDTH);
-    for (size_t j = 0; j < n; j++) {
-        uint64_t t2 = s2[j] - b2, low = t2 & (unit - 1);
-        /* floor(T2 / 2^50): 14 bits, sign-extended without a signed shift */
-        uint64_t carry = (((t2 - low) >> LN_ACC_WIDTH) ^ sign) - sign;
-        uint64_t t1 = s1[j] - b1 + carry;
-        double hi, lo, sum;
-        uint64_t u1 = magic1 + t1, u2 = magic2 | low;
-        memcpy(&hi, &u1, sizeof hi);
-        memcpy(&lo, &u2, sizeof lo);
-        sum = (hi - 0x1.8p52) * shift + (lo - 0x1p52);
-        double v = sum * scale;
-        /* 0 when good: T1 + carry fits, no top level, no halfway */
-        uint64_t no = ((t1 + ((uint64_t)1 << 51)) >> 52) | (s0[j] - b0);
-        if (bits == 24) {
-            /* To float's 24 bits on sum's bits: a halfway sum is left to
-             * the general path, so rounding half up (on the magnitude)
-             * is rounding to nearest, and |v| lies far inside float's
-             * normal range: (double)(float)v, without a float conversion
-             * (which SSE2 has no vector form of for two lanes). */
-            uint64_t u = ln_acc_bits(sum);
-            no |= (((u & below) ^ half) - 1) >> 63; /* 1 when halfway: no 64-bit == in SSE2 */
-            u = (u + half) & ~below;
-            memcpy(&sum, &u, sizeof sum);
-            v = sum * scale;
-        }
-        out[j] = v;
-        bad[j] = no;
-    }
+    for (size_t j = 0; j < n; j++)
+        bad[j] = double_value(s1[j] - b1, s2[j] - b2, bits, &out[j]) | (s0[j] - b0);
 }
 
 /* Feature j by the general path. */
