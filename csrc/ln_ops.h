@@ -517,8 +517,8 @@ static int LN_OPS(back_shifted)(const ln_rows *r, const LN_S *x, const LN_S *dy,
 {
     LN_CT m0 = (LN_CT)LN_CORE(square_shift)(x);
     LN_CORE(back_sums)(x, dy, r->w, r->d, m0, sums);
-    double md = sums->st / (double)r->d, var = sums->stt / (double)r->d - md * md;
-    if (!(md * md <= var && var <= DBL_MAX)) /* also false for NaN */
+    double md = sums->st / (double)r->d;
+    if (!ln_shift_kept(md, sums->stt / (double)r->d - md * md))
         return 0;
     return LN_OPS(coef_of)(sums, (double)m0, r->d, eps, c, 0) == 1 &&
            LN_OPS(coef_in_range)(c) && ln_back_fits(sums, c, w_max, LN_CT_MIN, LN_CT_MAX);

@@ -39,7 +39,7 @@ static int LN_FN(stats_one_pass)(const LN_S *x, size_t d, ln_stats *st)
      * offset: x[0] - c is exact for values of one binade (Sterbenz). */
     double dm = ((double)shift - (double)c) + md;
     double var = s2 / (double)d - dm * dm;
-    if (!(dm * dm <= var && var <= DBL_MAX)) /* also false for NaN */
+    if (!ln_shift_kept(dm, var))
         return 0;
     st->var = var;
     return 1;

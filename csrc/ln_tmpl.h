@@ -142,6 +142,15 @@ static inline float ln_double_to_float_odd(double v)
     return ln_bits_float(ln_float_bits(f) | 1u);
 }
 
+/* Item 5's test of a shift c, from dm = mean - c and var = (sum of
+ * squares around c) / d - dm^2: c within a standard deviation of the
+ * mean, so the subtraction lost at most a bit, and var finite (false for
+ * NaN). The forward's one pass and the backward's (item 10) keep c on it. */
+static inline int ln_shift_kept(double dm, double var)
+{
+    return dm * dm <= var && var <= DBL_MAX;
+}
+
 /* The backward's sums over one record (t = x - m0, g = dy * weight): sum
  * of t, of t^2, of g and of g * t in the contract's order, and the largest
  * |dy| and |t| (which only choose how the terms are deposited). */
