@@ -683,6 +683,10 @@ static void LN_FN(sum_shifted_squares)(const LN_S *x, size_t d, LN_T shift, LN_T
                                        double *s1, double *s2)
 {
     double t1[LN_LANES] = {0}, t2[LN_LANES] = {0};
+#if defined(LN_SHIFTED_SQUARES_ROWS)
+    /* The level's own loop (ln_x86.h), in the same order. */
+    LN_SHIFTED_SQUARES_ROWS(x, d, shift, c, t1, t2);
+#else
     LN_T a[LN_LANES] = {0}, q[LN_LANES] = {0};
     for (size_t i = 0; i < d;) {
         size_t end = d - i > LN_BLOCK ? i + LN_BLOCK : d;
@@ -697,6 +701,7 @@ static void LN_FN(sum_shifted_squares)(const LN_S *x, size_t d, LN_T shift, LN_T
         LN_FN(flush)(t1, a);
         LN_FN(flush)(t2, q);
     }
+#endif
     *s1 = ln_tree_sum(t1);
     *s2 = ln_tree_sum(t2);
 }

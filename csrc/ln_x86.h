@@ -602,6 +602,123 @@ _Static_assert(LN_LANES % 16 == 0 && LN_BLOCK % LN_LANES == 0,
 #define LN_BACK_SUMS_F16 ln_back_sums_f16
 #define LN_BACK_SUMS_BF16 ln_back_sums_bf16
 
+/* ---- the forward's one-pass sums, AVX2 --------------------------------- */
+/*
+ * sum_shifted_squares of ln_lane.h (ln_contract.h, item 5: x - shift into
+ * one set of lanes, the squares of x - c into another) with sixteen lanes
+ * at a time in registers, as ln_back_sums_rows takes them: the part's
+ * block lanes (four registers) and double totals (eight) never leave
+ * them. The lane form kept all 32 lanes' totals on the stack, and its
+ * flush at the end of each block, through it, took more than half of
+ * the pass (float32, d = 4096, in cache). Every lane sees the same
+ * additions in the same order: the same bits.
+ */
+typedef struct {
+    __m256 a[2], q[2];   /* block lanes: sums of x - shift, of (x - c)^2 */
+    __m256d t1[4], t2[4]; /* the part's double totals */
+} ln_stats_part16;
+
+/* One lane row's sixteen elements of the part, v0 and v1 (lanes 0-7 and
+ * 8-15). */
+static inline void ln_stats_step16(ln_stats_part16 *p, __m256 v0, __m256 v1, __m256 shift,
+                                   __m256 c)
+{
+    __m256 u0 = _mm256_sub_ps(v0, c), u1 = _mm256_sub_ps(v1, c);
+    p->a[0] = _mm256_add_ps(p->a[0], _mm256_sub_ps(v0, shift));
+    p->a[1] = _mm256_add_ps(p->a[1], _mm256_sub_ps(v1, shift));
+    p->q[0] = _mm256_fmadd_ps(u0, u0, p->q[0]);
+    p->q[1] = _mm256_fmadd_ps(u1, u1, p->q[1]);
+}
+
+/* The partial lane row at the record's end: lanes below n take their
+ * element, the others keep what they had. */
+static inline void ln_stats_step16_first(ln_stats_part16 *p, const void *x, size_t n,
+                                         __m256 shift, __m256 c, int kind)
+{
+    const size_t es = kind == LN_ROWS_F32 ? 4 : 2;
+    __m256 a[2] = {p->a[0], p->a[1]}, q[2] = {p->q[0], p->q[1]};
+    ln_stats_step16(p, ln_load8_first(x, n < 8 ? n : 8, kind),
+                    ln_load8_first((const char *)x + 8 * es, n > 8 ? n - 8 : 0, kind), shift, c);
+    for (int h = 0; h < 2; h++) {
+        size_t m = h == 0 ? (n < 8 ? n : 8) : (n > 8 ? n - 8 : 0);
+        __m256 keep = _mm256_castsi256_ps(_mm256_cmpgt_epi32(
+            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32((int)m - 1)));
+        p->a[h] = _mm256_blendv_ps(p->a[h], a[h], keep);
+        p->q[h] = _mm256_blendv_ps(p->q[h], q[h], keep);
+    }
+}
+
+/* End of a block: the block lanes into the double totals, then cleared. */
+static inline void ln_stats_flush16(ln_stats_part16 *p)
+{
+    for (int h = 0; h < 2; h++) {
+        p->t1[2 * h] = _mm256_add_pd(p->t1[2 * h], _mm256_cvtps_pd(_mm256_castps256_ps128(p->a[h])));
+        p->t1[2 * h + 1] =
+            _mm256_add_pd(p->t1[2 * h + 1], _mm256_cvtps_pd(_mm256_extractf128_ps(p->a[h], 1)));
+        p->t2[2 * h] = _mm256_add_pd(p->t2[2 * h], _mm256_cvtps_pd(_mm256_castps256_ps128(p->q[h])));
+        p->t2[2 * h + 1] =
+            _mm256_add_pd(p->t2[2 * h + 1], _mm256_cvtps_pd(_mm256_extractf128_ps(p->q[h], 1)));
+        p->a[h] = p->q[h] = _mm256_setzero_ps();
+    }
+}
+
+/* The totals (lane by lane, before the tree) of a record's one-pass sums;
+ * rows of `kind`. */
+static inline __attribute__((always_inline)) void
+ln_shifted_squares_rows(const void *x, size_t d, float shift, float c, double t1[LN_LANES],
+                        double t2[LN_LANES], int kind)
+{
+    const size_t es = kind == LN_ROWS_F32 ? 4 : 2;
+    const char *xb = x;
+    const __m256 vs = _mm256_set1_ps(shift), vc = _mm256_set1_ps(c);
+    for (size_t j0 = 0; j0 < LN_LANES; j0 += 16) {
+        ln_stats_part16 p;
+        p.a[0] = p.a[1] = p.q[0] = p.q[1] = _mm256_setzero_ps();
+        for (int h = 0; h < 4; h++)
+            p.t1[h] = p.t2[h] = _mm256_setzero_pd();
+        for (size_t i = 0; i < d;) {
+            size_t end = d - i > LN_BLOCK ? i + LN_BLOCK : d;
+            for (; i + LN_LANES <= end; i += LN_LANES) {
+                size_t k = i + j0;
+                ln_stats_step16(&p, ln_load8(xb + k * es, kind), ln_load8(xb + (k + 8) * es, kind),
+                                vs, vc);
+            }
+            if (i + j0 < end) {
+                size_t n = end - (i + j0);
+                ln_stats_step16_first(&p, xb + (i + j0) * es, n < 16 ? n : 16, vs, vc, kind);
+            }
+            ln_stats_flush16(&p);
+            i = end;
+        }
+        for (int h = 0; h < 4; h++) {
+            _mm256_storeu_pd(t1 + j0 + 4 * h, p.t1[h]);
+            _mm256_storeu_pd(t2 + j0 + 4 * h, p.t2[h]);
+        }
+    }
+}
+
+static void ln_shifted_squares_f32(const float *x, size_t d, float shift, float c,
+                                   double t1[LN_LANES], double t2[LN_LANES])
+{
+    ln_shifted_squares_rows(x, d, shift, c, t1, t2, LN_ROWS_F32);
+}
+
+static void ln_shifted_squares_f16(const uint16_t *x, size_t d, float shift, float c,
+                                   double t1[LN_LANES], double t2[LN_LANES])
+{
+    ln_shifted_squares_rows(x, d, shift, c, t1, t2, LN_ROWS_F16);
+}
+
+static void ln_shifted_squares_bf16(const uint16_t *x, size_t d, float shift, float c,
+                                    double t1[LN_LANES], double t2[LN_LANES])
+{
+    ln_shifted_squares_rows(x, d, shift, c, t1, t2, LN_ROWS_BF16);
+}
+#define LN_SHIFTED_SQUARES_F32 ln_shifted_squares_f32
+#define LN_SHIFTED_SQUARES_F16 ln_shifted_squares_f16
+#define LN_SHIFTED_SQUARES_BF16 ln_shifted_squares_bf16
+
+
 /* ---- short records' forward, AVX2 ------------------------------------- */
 /*
  * The forward of a short group (ln_lane.h: records of more than half and
