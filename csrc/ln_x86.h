@@ -630,34 +630,39 @@ static inline void ln_stats_step16(ln_stats_part16 *p, __m256 v0, __m256 v1, __m
     p->q[1] = _mm256_fmadd_ps(u1, u1, p->q[1]);
 }
 
-/* The partial lane row at the record's end: lanes below n take their
- * element, the others keep what they had. */
+/* The partial lane row at the record's end (its first n <= 16 elements in
+ * the part): lanes below n take their element, the others keep what they
+ * had. */
 static inline void ln_stats_step16_first(ln_stats_part16 *p, const void *x, size_t n,
                                          __m256 shift, __m256 c, int kind)
 {
     const size_t es = kind == LN_ROWS_F32 ? 4 : 2;
+    size_t m[2] = {n < 8 ? n : 8, n > 8 ? n - 8 : 0}; /* elements in each half */
     __m256 a[2] = {p->a[0], p->a[1]}, q[2] = {p->q[0], p->q[1]};
-    ln_stats_step16(p, ln_load8_first(x, n < 8 ? n : 8, kind),
-                    ln_load8_first((const char *)x + 8 * es, n > 8 ? n - 8 : 0, kind), shift, c);
+    ln_stats_step16(p, ln_load8_first(x, m[0], kind),
+                    ln_load8_first((const char *)x + 8 * es, m[1], kind), shift, c);
     for (int h = 0; h < 2; h++) {
-        size_t m = h == 0 ? (n < 8 ? n : 8) : (n > 8 ? n - 8 : 0);
         __m256 keep = _mm256_castsi256_ps(_mm256_cmpgt_epi32(
-            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32((int)m - 1)));
+            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32((int)m[h] - 1)));
         p->a[h] = _mm256_blendv_ps(p->a[h], a[h], keep);
         p->q[h] = _mm256_blendv_ps(p->q[h], q[h], keep);
     }
+}
+
+/* Eight float lanes, widened, added to their double totals t[0] (lanes
+ * 0-3) and t[1] (lanes 4-7). */
+static inline void ln_add_widened(__m256d t[2], __m256 v)
+{
+    t[0] = _mm256_add_pd(t[0], _mm256_cvtps_pd(_mm256_castps256_ps128(v)));
+    t[1] = _mm256_add_pd(t[1], _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)));
 }
 
 /* End of a block: the block lanes into the double totals, then cleared. */
 static inline void ln_stats_flush16(ln_stats_part16 *p)
 {
     for (int h = 0; h < 2; h++) {
-        p->t1[2 * h] = _mm256_add_pd(p->t1[2 * h], _mm256_cvtps_pd(_mm256_castps256_ps128(p->a[h])));
-        p->t1[2 * h + 1] =
-            _mm256_add_pd(p->t1[2 * h + 1], _mm256_cvtps_pd(_mm256_extractf128_ps(p->a[h], 1)));
-        p->t2[2 * h] = _mm256_add_pd(p->t2[2 * h], _mm256_cvtps_pd(_mm256_castps256_ps128(p->q[h])));
-        p->t2[2 * h + 1] =
-            _mm256_add_pd(p->t2[2 * h + 1], _mm256_cvtps_pd(_mm256_extractf128_ps(p->q[h], 1)));
+        ln_add_widened(p->t1 + 2 * h, p->a[h]);
+        ln_add_widened(p->t2 + 2 * h, p->q[h]);
         p->a[h] = p->q[h] = _mm256_setzero_ps();
     }
 }
