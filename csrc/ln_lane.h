@@ -682,11 +682,13 @@ static double LN_FN(sum_squares)(const LN_S *x, size_t d, LN_T hi, LN_T lo)
 static void LN_FN(sum_shifted_squares)(const LN_S *x, size_t d, LN_T shift, LN_T c,
                                        double *s1, double *s2)
 {
-    double t1[LN_LANES] = {0}, t2[LN_LANES] = {0};
 #if defined(LN_SHIFTED_SQUARES_ROWS)
-    /* The level's own loop (ln_x86.h), in the same order. */
+    /* The level's own loop (ln_x86.h), in the same order; it writes every
+     * lane's total. */
+    double t1[LN_LANES], t2[LN_LANES];
     LN_SHIFTED_SQUARES_ROWS(x, d, shift, c, t1, t2);
 #else
+    double t1[LN_LANES] = {0}, t2[LN_LANES] = {0};
     LN_T a[LN_LANES] = {0}, q[LN_LANES] = {0};
     for (size_t i = 0; i < d;) {
         size_t end = d - i > LN_BLOCK ? i + LN_BLOCK : d;

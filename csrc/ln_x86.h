@@ -498,6 +498,14 @@ static inline void ln_back_step8(ln_back_lanes8 *s, __m256 *mdy, __m256 *mt, __m
     *mt = _mm256_max_ps(_mm256_and_ps(t, abs_mask), *mt);
 }
 
+/* The mask of lanes n..7 of eight (n <= 8): the lanes a partial lane row
+ * of n elements leaves as they were. */
+static inline __m256 ln_lanes_from8(size_t n)
+{
+    return _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+                                                  _mm256_set1_epi32((int)n - 1)));
+}
+
 /* The record's last, partial lane row: lanes below n take their element,
  * the others keep what they had. */
 static inline void ln_back_step8_first(ln_back_lanes8 *s, __m256 *mdy, __m256 *mt,
@@ -506,8 +514,7 @@ static inline void ln_back_step8_first(ln_back_lanes8 *s, __m256 *mdy, __m256 *m
 {
     if (n == 0)
         return;
-    __m256 keep = _mm256_castsi256_ps(_mm256_cmpgt_epi32(
-        _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32((int)n - 1)));
+    __m256 keep = ln_lanes_from8(n);
     ln_back_lanes8 next = *s;
     __m256 ndy = *mdy, nt = *mt;
     ln_back_step8(&next, &ndy, &nt, ln_load8_first(x, n, kind), ln_load8_first(dy, n, kind),
@@ -642,8 +649,7 @@ static inline void ln_stats_step16_first(ln_stats_part16 *p, const void *x, size
     ln_stats_step16(p, ln_load8_first(x, m[0], kind),
                     ln_load8_first((const char *)x + 8 * es, m[1], kind), shift, c);
     for (int h = 0; h < 2; h++) {
-        __m256 keep = _mm256_castsi256_ps(_mm256_cmpgt_epi32(
-            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32((int)m[h] - 1)));
+        __m256 keep = ln_lanes_from8(m[h]);
         p->a[h] = _mm256_blendv_ps(p->a[h], a[h], keep);
         p->q[h] = _mm256_blendv_ps(p->q[h], q[h], keep);
     }
