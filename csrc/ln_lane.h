@@ -381,22 +381,38 @@ LN_ALWAYS_INLINE void LN_FN(group_stats_w)(LN_FN(short_group) *g, const char *x,
  * form, one thread: float32 LayerNorm (1e6, d) d = 64 0.80x the time, 32
  * 0.70x, 48 0.89x, (1e5, 24) 0.91x, (4096, 64) 0.68x; RMSNorm (1e6, 64)
  * 0.75x; float16 and bfloat16 (1e6, 64) 0.75x, (1e6, 32) 0.70-0.78x,
- * (1e5, 24) 0.62-0.69x. d = 16 and 8 were 1.03-1.12x, and keep it. */
-LN_ALWAYS_INLINE int LN_FN(group_in_rows)(size_t d) { return d > LN_LANES / 2; }
+ * (1e5, 24) 0.62-0.69x. d = 16 and 8 were 1.03-1.12x with the masked
+ * loads of a whole lane row; read in place as one or two registers, float32
+ * d = 16 and 8 now take the level's loops too (group_in_rows). */
 _Static_assert(LN_SHORT_GROUP % 4 == 0, "the level's statistics fill four records at a time");
 
-LN_ALWAYS_INLINE int LN_FN(group_direct)(size_t d)
+/* Does the level read the records in place (float32 rows of whole
+ * registers)? Of one or two lane rows; with narrow (a constant: only the
+ * callers of d = 8 and 16 set it, so that the code of the other widths
+ * stays as it was), of a quarter or half a lane row too. */
+LN_ALWAYS_INLINE int LN_FN(group_direct)(size_t d, int narrow)
 {
-    return sizeof(LN_S) == sizeof(float) && (d == LN_LANES || d == 2 * LN_LANES);
+    return sizeof(LN_S) == sizeof(float) &&
+           (d == LN_LANES || d == 2 * LN_LANES ||
+            (narrow && (d == LN_LANES / 4 || d == LN_LANES / 2)));
+}
+
+/* Is the group done by the level's own loops? Records of more than half
+ * a lane row, and (narrow) those of d = 8 and 16 it reads in place: float32
+ * (4096, 16) in cache 0.78x the time of the transposed form, (4096, 8)
+ * 0.94x. Others of half a lane row or less keep the transposed form. */
+LN_ALWAYS_INLINE int LN_FN(group_in_rows)(size_t d, int narrow)
+{
+    return d > LN_LANES / 2 || LN_FN(group_direct)(d, narrow);
 }
 
 LN_ALWAYS_INLINE void LN_FN(group_stats_rows)(LN_FN(short_group) *g, const char *x,
                                               ptrdiff_t x_row, size_t n, size_t d,
-                                              const double *eps, int rms)
+                                              const double *eps, int rms, int narrow)
 {
     const char *src = x;
     ptrdiff_t src_row = x_row;
-    if (!LN_FN(group_direct)(d)) {
+    if (!LN_FN(group_direct)(d, narrow)) {
         LN_FN(group_load)(g->rows, x, x_row, n, d, LN_FN(group_width)(d));
         src = (const char *)g->rows;
         src_row = (ptrdiff_t)sizeof g->rows[0];
@@ -410,11 +426,11 @@ LN_ALWAYS_INLINE void LN_FN(group_stats_rows)(LN_FN(short_group) *g, const char 
  * The common widths (d a power of two) get loops of constant length. */
 LN_ALWAYS_INLINE void LN_FN(group_stats)(LN_FN(short_group) *g, const char *x,
                                          ptrdiff_t x_row, size_t n, size_t d,
-                                         const double *eps, int rms)
+                                         const double *eps, int rms, int narrow)
 {
 #if defined(LN_SHORT_STATS_ROWS)
-    if (LN_FN(group_in_rows)(d)) {
-        LN_FN(group_stats_rows)(g, x, x_row, n, d, eps, rms);
+    if (LN_FN(group_in_rows)(d, narrow)) {
+        LN_FN(group_stats_rows)(g, x, x_row, n, d, eps, rms, narrow);
         return;
     }
 #endif
@@ -523,11 +539,11 @@ LN_ALWAYS_INLINE void LN_FN(group_output_rows)(LN_FN(short_group) *g, const char
                                                ptrdiff_t x_row, char *y, ptrdiff_t y_row,
                                                size_t n, size_t d, const LN_P *restrict wp,
                                                const LN_P *restrict bp, const int *keep,
-                                               int stream)
+                                               int stream, int narrow)
 {
     LN_T r[LN_SHORT_GROUP], c[LN_SHORT_GROUP];
     LN_FN(group_scale)(g, n, r, c);
-    int direct = LN_FN(group_direct)(d);
+    int direct = LN_FN(group_direct)(d, narrow);
     const char *src = direct ? x : (const char *)g->rows;
     ptrdiff_t src_row = direct ? x_row : (ptrdiff_t)sizeof g->rows[0];
     if (direct && !stream && LN_FN(group_all_kept)(keep, n)) { /* straight into y */
@@ -545,11 +561,11 @@ LN_ALWAYS_INLINE void LN_FN(group_output)(LN_FN(short_group) *g, const char *x,
                                           ptrdiff_t x_row, char *y, ptrdiff_t y_row,
                                           size_t n, size_t d, const LN_P *restrict wp,
                                           const LN_P *restrict bp, const int *keep,
-                                          int stream)
+                                          int stream, int narrow)
 {
 #if defined(LN_SHORT_STATS_ROWS)
-    if (LN_FN(group_in_rows)(d)) {
-        LN_FN(group_output_rows)(g, x, x_row, y, y_row, n, d, wp, bp, keep, stream);
+    if (LN_FN(group_in_rows)(d, narrow)) {
+        LN_FN(group_output_rows)(g, x, x_row, y, y_row, n, d, wp, bp, keep, stream, narrow);
         return;
     }
 #endif

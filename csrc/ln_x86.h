@@ -757,16 +757,19 @@ static inline __m256 ln_lane_mask8(size_t d, size_t j)
 
 /* A record's 32 block lanes (lanes 8q..8q+7 in a[q]) as doubles through
  * the tree's levels (ln_contract.h, item 3) down to four lanes: lanes
- * 0..3 of the tree in one register. (0.0 + a lane, its total, is the
- * lane itself: block lanes are never -0.0.) */
-static inline __attribute__((always_inline)) __m256d ln_tree_to4(const __m256 a[4])
+ * 0..3 of the tree in one register. Only the first na registers (1, 2
+ * or 4) are read: the lanes past them are +0.0, and a level that adds
+ * +0.0 to a lane leaves it as it is (0.0 + a lane, its total, is the
+ * lane itself: block lanes are never -0.0), so a record of at most 8 or
+ * 16 features skips those levels with the same bits. */
+static inline __attribute__((always_inline)) __m256d ln_tree_to4(const __m256 a[4], int na)
 {
     __m256d t[8];
-    for (int q = 0; q < 4; q++) {
+    for (int q = 0; q < na; q++) {
         t[2 * q] = _mm256_cvtps_pd(_mm256_castps256_ps128(a[q]));
         t[2 * q + 1] = _mm256_cvtps_pd(_mm256_extractf128_ps(a[q], 1));
     }
-    for (int h = 4; h >= 1; h /= 2) /* registers 4 h lanes apart */
+    for (int h = na; h >= 1; h /= 2) /* registers 4 h lanes apart */
         for (int i = 0; i < h; i++)
             t[i] = _mm256_add_pd(t[i], t[i + h]);
     return t[0];
@@ -793,9 +796,10 @@ static inline void ln_rows4(const float *p[4], const char *src, ptrdiff_t src_ro
 }
 
 /* The statistics of n records (float rows src_row bytes apart, nv
- * registers of them read: 4 for one lane row, 8 for two, the first
- * four summed into the lanes and the others added to them; lanes past d
- * masked, or, full, none past d), four records at a time (the
+ * registers of them read: 1, 2 or 4 for a quarter, half or one lane row,
+ * 8 for two, the first four summed into the lanes and the others added
+ * to them; lanes past d masked, or, full, none past d), four records at
+ * a time (the
  * last four repeat the last record; the outputs have room for a
  * multiple of four): the mean by the shifted first pass (item 4) and its
  * split hi + lo (or, rms, zeros), and the variance by the centered
@@ -808,6 +812,7 @@ ln_short_stats_nv(const char *src, ptrdiff_t src_row, size_t n, size_t d, int rm
 {
     const __m256d dd = _mm256_set1_pd((double)d);
     const __m256 zero = _mm256_setzero_ps();
+    const int na = nv < 4 ? nv : 4; /* the registers of lanes */
     __m256 m[8];
     for (int q = 0; q < nv; q++)
         m[q] = ln_lane_mask8(d, 8 * (size_t)q);
@@ -823,13 +828,13 @@ ln_short_stats_nv(const char *src, ptrdiff_t src_row, size_t n, size_t d, int rm
         } else {
             for (int i = 0; i < 4; i++) { /* the sum of x - x[0] */
                 __m256 a[4], x0 = _mm256_set1_ps(p[i][0]);
-                for (int q = 0; q < 4; q++)
+                for (int q = 0; q < na; q++)
                     a[q] = _mm256_add_ps(
                         zero, LN_MASKED(q, _mm256_sub_ps(_mm256_loadu_ps(p[i] + 8 * q), x0)));
                 for (int q = 4; q < nv; q++)
                     a[q - 4] = _mm256_add_ps(
                         a[q - 4], LN_MASKED(q, _mm256_sub_ps(_mm256_loadu_ps(p[i] + 8 * q), x0)));
-                r[i] = ln_tree_to4(a);
+                r[i] = ln_tree_to4(a, na);
             }
             __m256d x0 = _mm256_cvtps_pd(_mm_setr_ps(p[0][0], p[1][0], p[2][0], p[3][0]));
             __m256d mu = _mm256_add_pd(x0, _mm256_div_pd(ln_tree_last4(r), dd));
@@ -845,7 +850,7 @@ ln_short_stats_nv(const char *src, ptrdiff_t src_row, size_t n, size_t d, int rm
         ln_rows4(p, src, src_row, n, k);
         for (int i = 0; i < 4; i++) { /* the squares of (x - hi) - lo */
             __m256 a[4], h = _mm256_set1_ps(hi[k + i]), l = _mm256_set1_ps(lo[k + i]);
-            for (int q = 0; q < 4; q++) {
+            for (int q = 0; q < na; q++) {
                 __m256 c = LN_MASKED(
                     q, _mm256_sub_ps(_mm256_sub_ps(_mm256_loadu_ps(p[i] + 8 * q), h), l));
                 a[q] = _mm256_fmadd_ps(c, c, zero);
@@ -855,7 +860,7 @@ ln_short_stats_nv(const char *src, ptrdiff_t src_row, size_t n, size_t d, int rm
                     q, _mm256_sub_ps(_mm256_sub_ps(_mm256_loadu_ps(p[i] + 8 * q), h), l));
                 a[q - 4] = _mm256_fmadd_ps(c, c, a[q - 4]);
             }
-            r[i] = ln_tree_to4(a);
+            r[i] = ln_tree_to4(a, na);
         }
         _mm256_storeu_pd(var + k, _mm256_div_pd(ln_tree_last4(r), dd));
     }
@@ -887,10 +892,28 @@ ln_short_output_nv(const char *src, ptrdiff_t src_row, char *dst, ptrdiff_t dst_
     }
 }
 
+/* Records of at most half a lane row (ln_lane.h gives this level float32
+ * d = 8 and 16, read in place: group_direct), in a function of their
+ * own, so that the longer records' code below is compiled as it was. */
+static void ln_short_stats_half(const char *src, ptrdiff_t src_row, size_t n, size_t d, int rms,
+                                double *mean, double *var, float *hi, float *lo)
+{
+    if (d == LN_LANES / 2)
+        ln_short_stats_nv(src, src_row, n, d, rms, mean, var, hi, lo, 2, 1);
+    else if (d > LN_LANES / 4)
+        ln_short_stats_nv(src, src_row, n, d, rms, mean, var, hi, lo, 2, 0);
+    else if (d == LN_LANES / 4)
+        ln_short_stats_nv(src, src_row, n, d, rms, mean, var, hi, lo, 1, 1);
+    else
+        ln_short_stats_nv(src, src_row, n, d, rms, mean, var, hi, lo, 1, 0);
+}
+
 static void ln_short_stats_avx2(const char *src, ptrdiff_t src_row, size_t n, size_t d, int rms,
                                 double *mean, double *var, float *hi, float *lo)
 {
-    if (d == LN_LANES) /* whole lane rows: no lane past d */
+    if (d <= LN_LANES / 2)
+        ln_short_stats_half(src, src_row, n, d, rms, mean, var, hi, lo);
+    else if (d == LN_LANES) /* whole lane rows: no lane past d */
         ln_short_stats_nv(src, src_row, n, d, rms, mean, var, hi, lo, 4, 1);
     else if (d == 2 * LN_LANES)
         ln_short_stats_nv(src, src_row, n, d, rms, mean, var, hi, lo, 8, 1);
@@ -906,19 +929,38 @@ ln_short_output_wb(const char *src, ptrdiff_t src_row, char *dst, ptrdiff_t dst_
                    size_t d, const float *hi, const float *r, const float *c, const float *w,
                    const float *b)
 {
-    /* ln_lane.h gives this level records of more than half a lane row:
-     * one lane row (four registers), or two */
+    /* ln_lane.h gives this function records of more than half a lane
+     * row: one lane row (four registers), or two */
     if (d > LN_LANES)
         ln_short_output_nv(src, src_row, dst, dst_row, n, hi, r, c, w, b, 8);
     else
         ln_short_output_nv(src, src_row, dst, dst_row, n, hi, r, c, w, b, 4);
 }
 
+/* Records of at most half a lane row, as ln_short_stats_half: the
+ * registers of their lane width (ln_lane.h's group_width), one or two. */
+static void ln_short_output_half(const char *src, ptrdiff_t src_row, char *dst,
+                                 ptrdiff_t dst_row, size_t n, size_t d, const float *hi,
+                                 const float *r, const float *c, const float *w, const float *b)
+{
+    int nv = d > LN_LANES / 4 ? 2 : 1;
+    if (w && b)
+        ln_short_output_nv(src, src_row, dst, dst_row, n, hi, r, c, w, b, nv);
+    else if (w)
+        ln_short_output_nv(src, src_row, dst, dst_row, n, hi, r, c, w, NULL, nv);
+    else if (b)
+        ln_short_output_nv(src, src_row, dst, dst_row, n, hi, r, c, NULL, b, nv);
+    else
+        ln_short_output_nv(src, src_row, dst, dst_row, n, hi, r, c, NULL, NULL, nv);
+}
+
 static void ln_short_output_avx2(const char *src, ptrdiff_t src_row, char *dst, ptrdiff_t dst_row,
                                  size_t n, size_t d, const float *hi, const float *r,
                                  const float *c, const float *w, const float *b)
 {
-    if (w && b)
+    if (d <= LN_LANES / 2)
+        ln_short_output_half(src, src_row, dst, dst_row, n, d, hi, r, c, w, b);
+    else if (w && b)
         ln_short_output_wb(src, src_row, dst, dst_row, n, d, hi, r, c, w, b);
     else if (w)
         ln_short_output_wb(src, src_row, dst, dst_row, n, d, hi, r, c, w, NULL);
