@@ -103,14 +103,25 @@ static void set_no_scratch(ln_op op)
                  op_name(op));
 }
 
-/* A job from a direct entry point, the GIL released: 0, or -1 with
- * MemoryError set when the kernels could not have their scratch rows. */
+/* Jobs of fewer items than this keep the GIL: they take a few
+ * microseconds at most (no other thread waits long), and releasing and
+ * taking it back costs about as much as the kernels of a (1, 768)
+ * record. NumPy's loops keep it below 500 items. */
+#define LN_GIL_MIN_ITEMS 4096
+
+/* A job from a direct entry point, the GIL released (but for small
+ * jobs): 0, or -1 with MemoryError set when the kernels could not have
+ * their scratch rows. */
 static int run_job(const ln_job *job)
 {
     int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = ln_batch_run(g_kernels, job, call_threads());
-    Py_END_ALLOW_THREADS
+    if (job->n_rows * job->d < LN_GIL_MIN_ITEMS) {
+        rc = ln_batch_run(g_kernels, job, call_threads());
+    } else {
+        Py_BEGIN_ALLOW_THREADS
+        rc = ln_batch_run(g_kernels, job, call_threads());
+        Py_END_ALLOW_THREADS
+    }
     if (rc == LN_ENOMEM) {
         set_no_scratch(job->op);
         return -1;
