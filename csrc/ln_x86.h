@@ -923,35 +923,46 @@ static void ln_short_stats_avx2(const char *src, ptrdiff_t src_row, size_t n, si
         ln_short_stats_nv(src, src_row, n, d, rms, mean, var, hi, lo, 4, 0);
 }
 
-/* One affine case of the outputs (w, b constant or NULL where inlined). */
+/* One affine case of the outputs (w, b constant or NULL where inlined)
+ * in the registers of the record's lane width: with half (a constant),
+ * records of at most half a lane row (one register, or two); else one
+ * lane row (four) or two (eight). */
 static inline __attribute__((always_inline)) void
 ln_short_output_wb(const char *src, ptrdiff_t src_row, char *dst, ptrdiff_t dst_row, size_t n,
                    size_t d, const float *hi, const float *r, const float *c, const float *w,
-                   const float *b)
+                   const float *b, int half)
 {
-    /* ln_lane.h gives this function records of more than half a lane
-     * row: one lane row (four registers), or two */
-    if (d > LN_LANES)
+    if (half)
+        ln_short_output_nv(src, src_row, dst, dst_row, n, hi, r, c, w, b,
+                           d > LN_LANES / 4 ? 2 : 1);
+    else if (d > LN_LANES)
         ln_short_output_nv(src, src_row, dst, dst_row, n, hi, r, c, w, b, 8);
     else
         ln_short_output_nv(src, src_row, dst, dst_row, n, hi, r, c, w, b, 4);
 }
 
-/* Records of at most half a lane row, as ln_short_stats_half: the
- * registers of their lane width (ln_lane.h's group_width), one or two. */
+/* The affine cases, each a loop of its own. */
+static inline __attribute__((always_inline)) void
+ln_short_output_affine(const char *src, ptrdiff_t src_row, char *dst, ptrdiff_t dst_row,
+                       size_t n, size_t d, const float *hi, const float *r, const float *c,
+                       const float *w, const float *b, int half)
+{
+    if (w && b)
+        ln_short_output_wb(src, src_row, dst, dst_row, n, d, hi, r, c, w, b, half);
+    else if (w)
+        ln_short_output_wb(src, src_row, dst, dst_row, n, d, hi, r, c, w, NULL, half);
+    else if (b)
+        ln_short_output_wb(src, src_row, dst, dst_row, n, d, hi, r, c, NULL, b, half);
+    else
+        ln_short_output_wb(src, src_row, dst, dst_row, n, d, hi, r, c, NULL, NULL, half);
+}
+
+/* Records of at most half a lane row, as ln_short_stats_half. */
 static void ln_short_output_half(const char *src, ptrdiff_t src_row, char *dst,
                                  ptrdiff_t dst_row, size_t n, size_t d, const float *hi,
                                  const float *r, const float *c, const float *w, const float *b)
 {
-    int nv = d > LN_LANES / 4 ? 2 : 1;
-    if (w && b)
-        ln_short_output_nv(src, src_row, dst, dst_row, n, hi, r, c, w, b, nv);
-    else if (w)
-        ln_short_output_nv(src, src_row, dst, dst_row, n, hi, r, c, w, NULL, nv);
-    else if (b)
-        ln_short_output_nv(src, src_row, dst, dst_row, n, hi, r, c, NULL, b, nv);
-    else
-        ln_short_output_nv(src, src_row, dst, dst_row, n, hi, r, c, NULL, NULL, nv);
+    ln_short_output_affine(src, src_row, dst, dst_row, n, d, hi, r, c, w, b, 1);
 }
 
 static void ln_short_output_avx2(const char *src, ptrdiff_t src_row, char *dst, ptrdiff_t dst_row,
@@ -960,14 +971,8 @@ static void ln_short_output_avx2(const char *src, ptrdiff_t src_row, char *dst, 
 {
     if (d <= LN_LANES / 2)
         ln_short_output_half(src, src_row, dst, dst_row, n, d, hi, r, c, w, b);
-    else if (w && b)
-        ln_short_output_wb(src, src_row, dst, dst_row, n, d, hi, r, c, w, b);
-    else if (w)
-        ln_short_output_wb(src, src_row, dst, dst_row, n, d, hi, r, c, w, NULL);
-    else if (b)
-        ln_short_output_wb(src, src_row, dst, dst_row, n, d, hi, r, c, NULL, b);
     else
-        ln_short_output_wb(src, src_row, dst, dst_row, n, d, hi, r, c, NULL, NULL);
+        ln_short_output_affine(src, src_row, dst, dst_row, n, d, hi, r, c, w, b, 0);
 }
 #define LN_SHORT_STATS_AVX ln_short_stats_avx2
 #define LN_SHORT_OUTPUT_AVX ln_short_output_avx2
