@@ -117,12 +117,14 @@ void ln_acc_spill(ln_acc *a);
  * chunk at a time) are all counted before the spill check: a spill
  * subtracts count * bits(C) from sums that must hold exactly the counted
  * deposits. Such a group has at most LN_ACC_OVERSHOOT records. */
-static inline void ln_acc_count(ln_acc *a, int levels)
+static inline void ln_acc_count_n(ln_acc *a, int levels, unsigned records)
 {
     a->used = 1;
     for (int l = LN_ACC_LEVELS - levels; l < LN_ACC_LEVELS; l++)
-        a->count[l]++;
+        a->count[l] += records;
 }
+
+static inline void ln_acc_count(ln_acc *a, int levels) { ln_acc_count_n(a, levels, 1); }
 
 /* The same for a quantity whose terms all lie on the grid of the level
  * above the lowest: their remainders there are 0, so they skip it

@@ -155,7 +155,6 @@ LN_ALWAYS_INLINE void LN_FN(apply_short)(const LN_S *x, LN_S *y, size_t d, LN_T 
  * lanes past d hold +0.0 and change nothing), so the same bits.
  */
 #define LN_HAS_SHORT_ROWS 1
-#define LN_SHORT_GROUP 16
 
 /* Float records of up to two lane rows are done in groups too: lane j then
  * holds (0 + u_j) + u_(j + LN_LANES), as the one block of the general
@@ -1296,14 +1295,26 @@ typedef struct {
     LN_T x[2 * LN_LANES][LN_SHORT_GROUP]; /* group_lanes' layout; one lane row used */
     LN_T dy[LN_LANES][LN_SHORT_GROUP];
     LN_T dyr[LN_SHORT_GROUP][2 * LN_LANES]; /* dy in rows, for the deposits */
-    double mean[LN_SHORT_GROUP];             /* the forward's first-pass mean */
-    LN_T m0[LN_SHORT_GROUP];                 /* the shift of the sums */
-    double st[LN_SHORT_GROUP], stt[LN_SHORT_GROUP], g[LN_SHORT_GROUP], gt[LN_SHORT_GROUP];
-    double max_dy[LN_SHORT_GROUP], max_t[LN_SHORT_GROUP];
+#if defined(LN_SHORT_BACK_SUMS_ROWS)
+    LN_T xr[LN_SHORT_GROUP][2 * LN_LANES]; /* x in rows, for the level's loops */
+    const char *xs, *dys;                   /* the rows the level's loops read */
+    ptrdiff_t xs_row, dys_row;
+#endif
+    ln_back_group_sums s;
+    LN_T m0[LN_SHORT_GROUP]; /* the shift of the sums */
 } LN_FN(back_group);
 
 /* Is a record of d features short for the backward (done in groups)? */
 LN_ALWAYS_INLINE int LN_FN(back_is_short)(size_t d) { return d <= LN_SHORT; }
+
+#if defined(LN_SHORT_BACK_SUMS_ROWS)
+/* Does the level's loop read the group's rows in place (float32 records
+ * of whole registers: 8, 16 or 32 features)? Else float copies. */
+LN_ALWAYS_INLINE int LN_FN(back_direct)(size_t d)
+{
+    return sizeof(LN_S) == sizeof(float) && LN_FN(group_width)(d) == d;
+}
+#endif
 
 /* The group's rows (n records of x and dy, rows x_row and dy_row bytes
  * apart), the forward's first-pass means when needed (not rms, no given
@@ -1317,6 +1328,20 @@ LN_ALWAYS_INLINE void LN_FN(back_group_sums)(LN_FN(back_group) *bg, const char *
                                              int rms)
 {
     size_t w = LN_FN(group_width)(d);
+#if defined(LN_SHORT_BACK_SUMS_ROWS)
+    /* The level's own loops, on the rows in place (float32 rows of whole
+     * registers) or on float copies, zero-padded to w. */
+    bg->xs = x, bg->xs_row = x_row, bg->dys = dy, bg->dys_row = dy_row;
+    if (!LN_FN(back_direct)(d)) {
+        LN_FN(group_load)(bg->xr, x, x_row, n, d, w);
+        LN_FN(group_load)(bg->dyr, dy, dy_row, n, d, w);
+        bg->xs = (const char *)bg->xr, bg->xs_row = (ptrdiff_t)sizeof bg->xr[0];
+        bg->dys = (const char *)bg->dyr, bg->dys_row = (ptrdiff_t)sizeof bg->dyr[0];
+    }
+    LN_SHORT_BACK_SUMS_ROWS(bg->xs, bg->xs_row, bg->dys, bg->dys_row, n, d, wp, given, rms,
+                            &bg->s, bg->m0);
+    return;
+#endif
     LN_T rows[LN_SHORT_GROUP][2 * LN_LANES];
     LN_FN(group_load)(rows, x, x_row, n, d, w);
     LN_FN(group_load)(bg->dyr, dy, dy_row, n, d, w);
@@ -1324,16 +1349,16 @@ LN_ALWAYS_INLINE void LN_FN(back_group_sums)(LN_FN(back_group) *bg, const char *
     LN_FN(transpose)(&bg->dy[0][0], LN_SHORT_GROUP, &bg->dyr[0][0], 2 * LN_LANES,
                      LN_SHORT_GROUP, w);
     for (size_t k = 0; k < LN_SHORT_GROUP; k++)
-        bg->mean[k] = 0.0;
+        bg->s.mean[k] = 0.0;
     if (!rms && !given) {
         LN_T zero[LN_SHORT_GROUP] = {0};
         double t[LN_SHORT_GROUP];
         LN_FN(group_lanes)(bg->x, d, w, zero, zero, 1, t);
         for (size_t k = 0; k < LN_SHORT_GROUP; k++)
-            bg->mean[k] = (double)bg->x[0][k] + t[k] / (double)d;
+            bg->s.mean[k] = (double)bg->x[0][k] + t[k] / (double)d;
     }
     for (size_t k = 0; k < LN_SHORT_GROUP; k++)
-        bg->m0[k] = rms ? (LN_T)0 : (LN_T)(given && k < n ? given[k] : bg->mean[k]);
+        bg->m0[k] = rms ? (LN_T)0 : (LN_T)(given && k < n ? given[k] : bg->s.mean[k]);
     /* back_sums' lanes, one element each */
     LN_T l0[LN_LANES][LN_SHORT_GROUP], l1[LN_LANES][LN_SHORT_GROUP];
     LN_T l2[LN_LANES][LN_SHORT_GROUP], l3[LN_LANES][LN_SHORT_GROUP];
@@ -1353,14 +1378,34 @@ LN_ALWAYS_INLINE void LN_FN(back_group_sums)(LN_FN(back_group) *bg, const char *
     for (size_t j = d; j < w; j++)
         for (size_t k = 0; k < LN_SHORT_GROUP; k++)
             l0[j][k] = l1[j][k] = l2[j][k] = l3[j][k] = 0;
-    LN_FN(group_total)(l0, w, bg->st);
-    LN_FN(group_total)(l1, w, bg->stt);
-    LN_FN(group_total)(l2, w, bg->g);
-    LN_FN(group_total)(l3, w, bg->gt);
+    LN_FN(group_total)(l0, w, bg->s.st);
+    LN_FN(group_total)(l1, w, bg->s.stt);
+    LN_FN(group_total)(l2, w, bg->s.g);
+    LN_FN(group_total)(l3, w, bg->s.gt);
     for (size_t k = 0; k < LN_SHORT_GROUP; k++) {
-        bg->max_dy[k] = mdy[k];
-        bg->max_t[k] = mt[k];
+        bg->s.max_dy[k] = mdy[k];
+        bg->s.max_t[k] = mt[k];
     }
+}
+
+/* A group's level sums (sw of dw's terms, sb of db's, of LN_SHORT_GROUP
+ * records each: kept or not, each deposited something) added to each
+ * feature's sums of dw and db (either may be NULL), and counted. */
+LN_ALWAYS_INLINE void LN_FN(back_group_commit)(uint64_t sw[LN_ACC_LEVELS][LN_LANES],
+                                               uint64_t sb[LN_ACC_LEVELS][LN_LANES], size_t d,
+                                               ln_acc *dw, ln_acc *db, int levels)
+{
+    if (dw)
+        ln_acc_count_n(dw, levels, LN_SHORT_GROUP);
+    if (db)
+        ln_acc_count_n(db, levels, LN_SHORT_GROUP);
+    for (int l = LN_ACC_LEVELS - levels; l < LN_ACC_LEVELS; l++)
+        for (size_t j = 0; j < d; j++) {
+            if (dw)
+                dw->sum[l][j] += sw[l][j];
+            if (db)
+                db->sum[l][j] += sb[l][j];
+        }
 }
 
 /* The terms of the group's records (dy and xhat in rows) into the lowest
@@ -1395,19 +1440,7 @@ LN_ALWAYS_INLINE void LN_FN(back_group_deposit)(const LN_T dyr[LN_SHORT_GROUP][2
                 ln_deposit2(sb[1], sb[2], j, u[k][j]);
             }
     }
-    for (size_t k = 0; k < LN_SHORT_GROUP; k++) {
-        if (dw)
-            ln_acc_count(dw, levels);
-        if (db)
-            ln_acc_count(db, levels);
-    }
-    for (int l = LN_ACC_LEVELS - levels; l < LN_ACC_LEVELS; l++)
-        for (size_t j = 0; j < d; j++) {
-            if (dw)
-                dw->sum[l][j] += sw[l][j];
-            if (db)
-                db->sum[l][j] += sb[l][j];
-        }
+    LN_FN(back_group_commit)(sw, sb, d, dw, db, levels);
 }
 
 /* dx of the records k with keep[k] into their rows (dx_row bytes apart)
@@ -1424,6 +1457,27 @@ LN_ALWAYS_INLINE void LN_FN(back_group_output)(const LN_FN(back_group) *bg, char
                                                ln_acc *dw, ln_acc *db, int levels)
 {
     size_t w = LN_FN(group_width)(d);
+#if defined(LN_SHORT_BACK_OUTPUT_ROWS)
+    /* dx into its rows in place, or into a float copy first */
+    int direct = LN_FN(back_direct)(d);
+    LN_T out[LN_SHORT_GROUP][2 * LN_LANES];
+    uint64_t sw[LN_ACC_LEVELS][LN_LANES], sb[LN_ACC_LEVELS][LN_LANES];
+    ln_short_back_coefs co;
+    for (size_t k = 0; k < LN_SHORT_GROUP; k++) {
+        co.hi[k] = hi[k], co.r[k] = r[k], co.c[k] = c[k], co.a[k] = a[k], co.bm[k] = bm[k];
+        co.keep[k] = keep[k];
+    }
+    LN_SHORT_BACK_OUTPUT_ROWS(bg->xs, bg->xs_row, bg->dys, bg->dys_row,
+                              direct ? dx : (char *)out, direct ? dx_row : (ptrdiff_t)sizeof out[0],
+                              n, d, wp, &co, dw || db ? levels : 0, sw, sb);
+    if (!direct)
+        for (size_t k = 0; k < n; k++)
+            if (keep[k])
+                LN_FN(group_store_row)((LN_S *)(dx + (ptrdiff_t)k * dx_row), out[k], d, w);
+    if (dw || db)
+        LN_FN(back_group_commit)(sw, sb, d, dw, db, levels);
+    return;
+#endif
     LN_T o[LN_LANES][LN_SHORT_GROUP], xh[LN_LANES][LN_SHORT_GROUP];
     for (size_t j = 0; j < w; j++)
         for (size_t k = 0; k < LN_SHORT_GROUP; k++) {

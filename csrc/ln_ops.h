@@ -747,15 +747,15 @@ static void LN_OPS(group_values_of)(const LN_CORE(back_group) *bg, size_t d,
 {
     if (rms) {
         for (size_t k = 0; k < LN_SHORT_GROUP; k++) {
-            ln_back_sums s = {.stt = bg->stt[k], .gt = bg->gt[k]};
+            ln_back_sums s = {.stt = bg->s.stt[k], .gt = bg->s.gt[k]};
             ln_back_coef c;
             ln_rms_coef_values(&s, d, eps[k], &c, 1);
             LN_OPS(put_coef)(v, k, &c);
         }
     } else {
         for (size_t k = 0; k < LN_SHORT_GROUP; k++) {
-            ln_back_sums s = {.st = bg->st[k], .stt = bg->stt[k], .g = bg->g[k],
-                              .gt = bg->gt[k]};
+            ln_back_sums s = {.st = bg->s.st[k], .stt = bg->s.stt[k], .g = bg->s.g[k],
+                              .gt = bg->s.gt[k]};
             ln_back_coef c;
             ln_back_coef_values(&s, (double)bg->m0[k], d, eps[k], &c, 1);
             LN_OPS(put_coef)(v, k, &c);
@@ -776,13 +776,13 @@ static void LN_OPS(group_coefs)(const LN_CORE(back_group) *bg, const ln_rows *r,
     LN_OPS(group_values_of)(bg, r->d, eps, rms, v);
     double ms[LN_SHORT_GROUP]; /* forward_var_ok's, vectorized: c.md is its md */
     for (size_t k = 0; k < LN_SHORT_GROUP; k++)
-        ms[k] = bg->stt[k] / (double)r->d;
+        ms[k] = bg->s.stt[k] / (double)r->d;
     /* back_record's tests, without branches (ln_deposit_path's plain
      * sums, never kept, are the same for every record; any_mean: the
      * forward's variance is not needed) */
     int finite[LN_SHORT_GROUP]; /* class 1; a loop of its own for each norm */
     for (size_t k = 0; k < LN_SHORT_GROUP; k++) {
-        ln_back_sums s = {.st = bg->st[k], .stt = bg->stt[k], .g = bg->g[k], .gt = bg->gt[k]};
+        ln_back_sums s = {.st = bg->s.st[k], .stt = bg->s.stt[k], .g = bg->s.g[k], .gt = bg->s.gt[k]};
         ln_back_coef c = LN_OPS(get_coef)(v, k);
         if (rms)
             finite[k] = ln_rms_x_finite(&s, &c) & ln_rms_dy_finite(&s);
@@ -791,12 +791,12 @@ static void LN_OPS(group_coefs)(const LN_CORE(back_group) *bg, const ln_rows *r,
     }
     int kept = !(r->dw && r->dw->plain), any_mean = rms || r->mean, three = 0;
     for (size_t k = 0; k < LN_SHORT_GROUP; k++) {
-        ln_back_sums s = {.st = bg->st[k], .stt = bg->stt[k], .g = bg->g[k], .gt = bg->gt[k],
-                          .max_dy = bg->max_dy[k], .max_t = bg->max_t[k]};
+        ln_back_sums s = {.st = bg->s.st[k], .stt = bg->s.stt[k], .g = bg->s.g[k], .gt = bg->s.gt[k],
+                          .max_dy = bg->s.max_dy[k], .max_t = bg->s.max_t[k]};
         ln_back_coef c = LN_OPS(get_coef)(v, k);
         int levels = ln_deposit_levels(&s, &c);
         int keep = valid[k] & finite[k] & (c.var + eps[k] <= DBL_MAX) &
-                   (any_mean | LN_OPS(forward_var_ok)(bg->mean[k], c.md, ms[k])) &
+                   (any_mean | LN_OPS(forward_var_ok)(bg->s.mean[k], c.md, ms[k])) &
                    LN_OPS(coef_in_range)(&c) &
                    ln_back_fits(&s, &c, r->w_max, LN_CT_MIN, LN_CT_MAX) & (levels != 0) & kept;
         gc->keep[k] = keep;

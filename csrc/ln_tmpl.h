@@ -159,6 +159,20 @@ typedef struct {
     double max_dy, max_t;
 } ln_back_sums;
 
+/* The records of a short group (ln_lane.h: short records are done that
+ * many at a time). */
+#define LN_SHORT_GROUP 16
+
+/* The backward sums of a short group's records, an array of each field
+ * (their coefficients are computed across the group), with each record's
+ * forward first-pass mean (LayerNorm without given means; else 0): filled
+ * by ln_lane.h's back_group or by a level's own loop (ln_x86.h). */
+typedef struct {
+    double mean[LN_SHORT_GROUP];
+    double st[LN_SHORT_GROUP], stt[LN_SHORT_GROUP], g[LN_SHORT_GROUP], gt[LN_SHORT_GROUP];
+    double max_dy[LN_SHORT_GROUP], max_t[LN_SHORT_GROUP];
+} ln_back_group_sums;
+
 /* How a record's parameter-gradient terms are deposited: all three levels,
  * the lower two (every term below LN_ACC_SMALL), or one by one (a huge or
  * non-finite term). Every way gives the same sums. */

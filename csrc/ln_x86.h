@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "ln_half.h"
+#include "ln_tmpl.h"
 
 _Static_assert(LN_VEC_BYTES == 32 || LN_VEC_BYTES == 64, "LN_VEC_BYTES: 32 or 64");
 
@@ -795,6 +796,46 @@ static inline void ln_rows4(const float *p[4], const char *src, ptrdiff_t src_ro
         p[i] = (const float *)(src + (ptrdiff_t)(k + i < n ? k + i : n - 1) * src_row);
 }
 
+/* The means of the first `count` (a multiple of four) of n records
+ * (float rows src_row bytes apart, nv registers of them read, lanes past
+ * d masked unless full: see ln_short_stats_nv), four records at a time
+ * (past n, the last again): the shifted first pass (ln_contract.h, item
+ * 4) and each mean's split hi + lo. */
+static inline __attribute__((always_inline)) void
+ln_short_means_nv(const char *src, ptrdiff_t src_row, size_t n, size_t count, size_t d,
+                  double *mean, float *hi, float *lo, int nv, int full)
+{
+    const __m256d dd = _mm256_set1_pd((double)d);
+    const __m256 zero = _mm256_setzero_ps();
+    const int na = nv < 4 ? nv : 4; /* the registers of lanes */
+    __m256 m[8];
+    for (int q = 0; q < nv; q++)
+        m[q] = ln_lane_mask8(d, 8 * (size_t)q);
+#define LN_MASKED(q, v) (full ? (v) : _mm256_and_ps(m[q], (v)))
+    for (size_t k = 0; k < count; k += 4) {
+        const float *p[4];
+        __m256d r[4];
+        ln_rows4(p, src, src_row, n, k);
+        for (int i = 0; i < 4; i++) { /* the sum of x - x[0] */
+            __m256 a[4], x0 = _mm256_set1_ps(p[i][0]);
+            for (int q = 0; q < na; q++)
+                a[q] = _mm256_add_ps(
+                    zero, LN_MASKED(q, _mm256_sub_ps(_mm256_loadu_ps(p[i] + 8 * q), x0)));
+            for (int q = 4; q < nv; q++)
+                a[q - 4] = _mm256_add_ps(
+                    a[q - 4], LN_MASKED(q, _mm256_sub_ps(_mm256_loadu_ps(p[i] + 8 * q), x0)));
+            r[i] = ln_tree_to4(a, na);
+        }
+        __m256d x0 = _mm256_cvtps_pd(_mm_setr_ps(p[0][0], p[1][0], p[2][0], p[3][0]));
+        __m256d mu = _mm256_add_pd(x0, _mm256_div_pd(ln_tree_last4(r), dd));
+        __m128 h = _mm256_cvtpd_ps(mu);
+        _mm256_storeu_pd(mean + k, mu);
+        _mm_storeu_ps(hi + k, h);
+        _mm_storeu_ps(lo + k, _mm256_cvtpd_ps(_mm256_sub_pd(mu, _mm256_cvtps_pd(h))));
+    }
+#undef LN_MASKED
+}
+
 /* The statistics of n records (float rows src_row bytes apart, nv
  * registers of them read: 1, 2 or 4 for a quarter, half or one lane row,
  * 8 for two, the first four summed into the lanes and the others added
@@ -817,32 +858,14 @@ ln_short_stats_nv(const char *src, ptrdiff_t src_row, size_t n, size_t d, int rm
     for (int q = 0; q < nv; q++)
         m[q] = ln_lane_mask8(d, 8 * (size_t)q);
 #define LN_MASKED(q, v) (full ? (v) : _mm256_and_ps(m[q], (v)))
-    for (size_t k = 0; k < n; k += 4) {
-        const float *p[4];
-        __m256d r[4];
-        ln_rows4(p, src, src_row, n, k);
-        if (rms) {
+    if (rms) {
+        for (size_t k = 0; k < n; k += 4) {
             _mm256_storeu_pd(mean + k, _mm256_setzero_pd());
             _mm_storeu_ps(hi + k, _mm_setzero_ps());
             _mm_storeu_ps(lo + k, _mm_setzero_ps());
-        } else {
-            for (int i = 0; i < 4; i++) { /* the sum of x - x[0] */
-                __m256 a[4], x0 = _mm256_set1_ps(p[i][0]);
-                for (int q = 0; q < na; q++)
-                    a[q] = _mm256_add_ps(
-                        zero, LN_MASKED(q, _mm256_sub_ps(_mm256_loadu_ps(p[i] + 8 * q), x0)));
-                for (int q = 4; q < nv; q++)
-                    a[q - 4] = _mm256_add_ps(
-                        a[q - 4], LN_MASKED(q, _mm256_sub_ps(_mm256_loadu_ps(p[i] + 8 * q), x0)));
-                r[i] = ln_tree_to4(a, na);
-            }
-            __m256d x0 = _mm256_cvtps_pd(_mm_setr_ps(p[0][0], p[1][0], p[2][0], p[3][0]));
-            __m256d mu = _mm256_add_pd(x0, _mm256_div_pd(ln_tree_last4(r), dd));
-            __m128 h = _mm256_cvtpd_ps(mu);
-            _mm256_storeu_pd(mean + k, mu);
-            _mm_storeu_ps(hi + k, h);
-            _mm_storeu_ps(lo + k, _mm256_cvtpd_ps(_mm256_sub_pd(mu, _mm256_cvtps_pd(h))));
         }
+    } else {
+        ln_short_means_nv(src, src_row, n, n, d, mean, hi, lo, nv, full);
     }
     for (size_t k = 0; k < n; k += 4) {
         const float *p[4];
@@ -976,6 +999,222 @@ static void ln_short_output_avx2(const char *src, ptrdiff_t src_row, char *dst, 
 }
 #define LN_SHORT_STATS_AVX ln_short_stats_avx2
 #define LN_SHORT_OUTPUT_AVX ln_short_output_avx2
+
+/* ---- short records' backward, AVX2 ------------------------------------ */
+/*
+ * The backward of a short group (ln_lane.h's back_group: float compute,
+ * records of at most one lane row, rows read in place or float copies
+ * zero-padded to their lane width) with each record's lanes in
+ * registers, as the forward's short loops above: back_sums' lanes (one
+ * element each: 0 + t, t * t, 0 + g and g * t, each rounded once)
+ * through the same tree, then dx (ln_elem.h's normalize and grad_input)
+ * with the parameter-gradient terms of the group's records summed in
+ * registers, eight features at a time. The transposed form in C went
+ * through arrays on the stack for every step: (1e6, 16) float32 about
+ * 50 ns a record without the deposits. The same operations in the same
+ * order: the same bits.
+ */
+
+/* The largest lane of each of four registers v[0..3] (none NaN): record
+ * i's in element i. */
+static inline __m128 ln_max_last4(const __m256 v[4])
+{
+    __m128 m[4];
+    for (int i = 0; i < 4; i++)
+        m[i] = _mm_max_ps(_mm256_castps256_ps128(v[i]), _mm256_extractf128_ps(v[i], 1));
+    /* a: records 0 and 1, lanes {0, 2} and {1, 3} paired; b: 2 and 3 */
+    __m128 a = _mm_max_ps(_mm_unpacklo_ps(m[0], m[1]), _mm_unpackhi_ps(m[0], m[1]));
+    __m128 b = _mm_max_ps(_mm_unpacklo_ps(m[2], m[3]), _mm_unpackhi_ps(m[2], m[3]));
+    return _mm_max_ps(_mm_movelh_ps(a, b), _mm_movehl_ps(b, a));
+}
+
+/* back_group's sums of its LN_SHORT_GROUP records (n of them real; past
+ * n, the last again): the forward's first-pass means (LayerNorm without
+ * given means; else 0), the shifts m0 (given[k], else that mean, as a
+ * float; 0 for RMSNorm), and around them each record's four sums, four
+ * records at a time, with the largest |dy| and |t|. x, dy: float rows
+ * x_row and dy_row bytes apart, nv registers of them read (1, 2 or 4),
+ * lanes past d masked unless full. wp: the gain, padded with ones. */
+static inline __attribute__((always_inline)) void
+ln_short_back_sums_nv(const char *x, ptrdiff_t x_row, const char *dy, ptrdiff_t dy_row,
+                      size_t n, size_t d, const float *wp, const double *given, int rms,
+                      ln_back_group_sums *s, float *m0, int nv, int full)
+{
+    float hi[LN_SHORT_GROUP], lo[LN_SHORT_GROUP];
+    for (size_t k = 0; k < LN_SHORT_GROUP; k++)
+        s->mean[k] = 0.0;
+    if (!rms && !given)
+        ln_short_means_nv(x, x_row, n, LN_SHORT_GROUP, d, s->mean, hi, lo, nv, full);
+    for (size_t k = 0; k < LN_SHORT_GROUP; k++)
+        m0[k] = rms ? 0.0f : (float)(given && k < n ? given[k] : s->mean[k]);
+    const __m256 zero = _mm256_setzero_ps(), one = _mm256_set1_ps(1.0f);
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 mk[4], w[4];
+    for (int q = 0; q < nv; q++) {
+        mk[q] = ln_lane_mask8(d, 8 * (size_t)q);
+        w[q] = _mm256_loadu_ps(wp + 8 * q);
+    }
+    double *sums[4] = {s->st, s->stt, s->g, s->gt};
+    for (size_t k = 0; k < LN_SHORT_GROUP; k += 4) {
+        const float *px[4], *pd[4];
+        __m256d r[4][4]; /* each sum's lanes 0..3 of the tree, by record */
+        __m256 mdy[4], mt[4];
+        ln_rows4(px, x, x_row, n, k);
+        ln_rows4(pd, dy, dy_row, n, k);
+        for (int i = 0; i < 4; i++) {
+            __m256 l[4][4], c = _mm256_set1_ps(m0[k + i]);
+            mdy[i] = mt[i] = zero;
+            for (int q = 0; q < nv; q++) {
+                __m256 t = _mm256_sub_ps(_mm256_loadu_ps(px[i] + 8 * q), c);
+                __m256 dv = _mm256_loadu_ps(pd[i] + 8 * q);
+                if (!full) {
+                    t = _mm256_and_ps(mk[q], t);
+                    dv = _mm256_and_ps(mk[q], dv);
+                }
+                __m256 g = _mm256_mul_ps(dv, w[q]);
+                /* 0 + t as t * 1 + 0, rounded once: the same value, on
+                 * the multiply ports (the adds' are the tree's and the
+                 * conversions') */
+                l[0][q] = _mm256_fmadd_ps(t, one, zero);
+                l[1][q] = _mm256_fmadd_ps(t, t, zero);
+                l[2][q] = _mm256_fmadd_ps(g, one, zero);
+                l[3][q] = _mm256_fmadd_ps(g, t, zero);
+                /* max(v, m) is m when v is NaN, as back_sums' v > m ? v : m */
+                mdy[i] = _mm256_max_ps(_mm256_andnot_ps(sign, dv), mdy[i]);
+                mt[i] = _mm256_max_ps(_mm256_andnot_ps(sign, t), mt[i]);
+            }
+            for (int j = 0; j < 4; j++)
+                r[j][i] = ln_tree_to4(l[j], nv);
+        }
+        for (int j = 0; j < 4; j++)
+            _mm256_storeu_pd(sums[j] + k, ln_tree_last4(r[j]));
+        _mm256_storeu_pd(s->max_dy + k, _mm256_cvtps_pd(ln_max_last4(mdy)));
+        _mm256_storeu_pd(s->max_t + k, _mm256_cvtps_pd(ln_max_last4(mt)));
+    }
+}
+
+static void ln_short_back_sums_avx2(const char *x, ptrdiff_t x_row, const char *dy,
+                                    ptrdiff_t dy_row, size_t n, size_t d, const float *wp,
+                                    const double *given, int rms, ln_back_group_sums *s,
+                                    float *m0)
+{
+    if (d == 8)
+        ln_short_back_sums_nv(x, x_row, dy, dy_row, n, d, wp, given, rms, s, m0, 1, 1);
+    else if (d < 8)
+        ln_short_back_sums_nv(x, x_row, dy, dy_row, n, d, wp, given, rms, s, m0, 1, 0);
+    else if (d == 16)
+        ln_short_back_sums_nv(x, x_row, dy, dy_row, n, d, wp, given, rms, s, m0, 2, 1);
+    else if (d < 16)
+        ln_short_back_sums_nv(x, x_row, dy, dy_row, n, d, wp, given, rms, s, m0, 2, 0);
+    else if (d == 32)
+        ln_short_back_sums_nv(x, x_row, dy, dy_row, n, d, wp, given, rms, s, m0, 4, 1);
+    else
+        ln_short_back_sums_nv(x, x_row, dy, dy_row, n, d, wp, given, rms, s, m0, 4, 0);
+}
+
+/* A group's float coefficients (ln_ops.h's back_short_rows: hi, r, c of
+ * normalize, a and bm of grad_input) and the records it keeps. */
+typedef struct {
+    float hi[LN_SHORT_GROUP], r[LN_SHORT_GROUP], c[LN_SHORT_GROUP];
+    float a[LN_SHORT_GROUP], bm[LN_SHORT_GROUP];
+    int keep[LN_SHORT_GROUP];
+} ln_short_back_coefs;
+
+/* ln_deposit_top and ln_deposit2 (ln_tmpl.h) of four terms, their level
+ * sums s[0..2] in registers. */
+static inline __m256d ln_deposit_top4(__m256i s[3], __m256d v)
+{
+    const __m256d c0 = _mm256_set1_pd(LN_ACC_C0);
+    __m256d t = _mm256_add_pd(v, c0);
+    s[0] = _mm256_add_epi64(s[0], _mm256_castpd_si256(t));
+    return _mm256_sub_pd(v, _mm256_sub_pd(t, c0));
+}
+
+static inline void ln_deposit2_4(__m256i s[3], __m256d v)
+{
+    __m256d t = _mm256_add_pd(v, _mm256_set1_pd(LN_ACC_C1));
+    s[1] = _mm256_add_epi64(s[1], _mm256_castpd_si256(t));
+    s[2] = _mm256_add_epi64(
+        s[2], _mm256_castpd_si256(_mm256_add_pd(v, _mm256_sub_pd(_mm256_set1_pd(LN_ACC_C12), t))));
+}
+
+/* dx of the kept records of a group (as ln_short_back_sums_nv reads x and
+ * dy) into dst's rows, and the terms of all LN_SHORT_GROUP records (dy *
+ * xhat and dy in double; 0 for a record not kept) on `levels` levels (2
+ * or 3; 0: none) summed into sw (dweight's) and sb (dbias's), features 8q
+ * .. 8q + 7 at a time. */
+static inline __attribute__((always_inline)) void
+ln_short_back_output_nv(const char *x, ptrdiff_t x_row, const char *dy, ptrdiff_t dy_row,
+                        char *dst, ptrdiff_t dst_row, size_t n, const float *wp,
+                        const ln_short_back_coefs *co, int levels,
+                        uint64_t sw[LN_ACC_LEVELS][LN_LANES],
+                        uint64_t sb[LN_ACC_LEVELS][LN_LANES], int nv)
+{
+    for (int q = 0; q < nv; q++) {
+        const __m256 w = _mm256_loadu_ps(wp + 8 * q);
+        __m256i s[2][2][LN_ACC_LEVELS]; /* [dweight, dbias][lanes 0-3, 4-7][level] */
+        for (int i = 0; i < 2; i++)
+            for (int h = 0; h < 2; h++)
+                for (int l = 0; l < LN_ACC_LEVELS; l++)
+                    s[i][h][l] = _mm256_setzero_si256();
+        for (size_t k = 0; k < LN_SHORT_GROUP; k++) {
+            size_t kk = k < n ? k : n - 1;
+            __m256 xv = _mm256_loadu_ps((const float *)(x + (ptrdiff_t)kk * x_row) + 8 * q);
+            __m256 dv = _mm256_loadu_ps((const float *)(dy + (ptrdiff_t)kk * dy_row) + 8 * q);
+            __m256 r = _mm256_set1_ps(co->r[k]);
+            __m256 xh = _mm256_fmadd_ps(_mm256_sub_ps(xv, _mm256_set1_ps(co->hi[k])), r,
+                                        _mm256_set1_ps(co->c[k]));
+            __m256 g = _mm256_mul_ps(dv, w);
+            __m256 o = _mm256_mul_ps(_mm256_fnmadd_ps(xh, _mm256_set1_ps(co->bm[k]),
+                                                      _mm256_sub_ps(g, _mm256_set1_ps(co->a[k]))),
+                                     r);
+            if (co->keep[k])
+                _mm256_storeu_ps((float *)(dst + (ptrdiff_t)k * dst_row) + 8 * q, o);
+            if (!levels)
+                continue;
+            __m256d km = _mm256_castsi256_pd(_mm256_set1_epi64x(-(int64_t)(co->keep[k] != 0)));
+            for (int h = 0; h < 2; h++) {
+                __m128 dh = h ? _mm256_extractf128_ps(dv, 1) : _mm256_castps256_ps128(dv);
+                __m128 xhh = h ? _mm256_extractf128_ps(xh, 1) : _mm256_castps256_ps128(xh);
+                __m256d u = _mm256_cvtps_pd(dh);
+                __m256d v = _mm256_and_pd(_mm256_mul_pd(u, _mm256_cvtps_pd(xhh)), km);
+                u = _mm256_and_pd(u, km);
+                if (levels == 3) {
+                    v = ln_deposit_top4(s[0][h], v);
+                    u = ln_deposit_top4(s[1][h], u);
+                }
+                ln_deposit2_4(s[0][h], v);
+                ln_deposit2_4(s[1][h], u);
+            }
+        }
+        for (int l = LN_ACC_LEVELS - levels; levels && l < LN_ACC_LEVELS; l++)
+            for (int h = 0; h < 2; h++) {
+                _mm256_storeu_si256((__m256i *)(sw[l] + 8 * q + 4 * h), s[0][h][l]);
+                _mm256_storeu_si256((__m256i *)(sb[l] + 8 * q + 4 * h), s[1][h][l]);
+            }
+    }
+}
+
+static void ln_short_back_output_avx2(const char *x, ptrdiff_t x_row, const char *dy,
+                                      ptrdiff_t dy_row, char *dst, ptrdiff_t dst_row, size_t n,
+                                      size_t d, const float *wp, const ln_short_back_coefs *co,
+                                      int levels, uint64_t sw[LN_ACC_LEVELS][LN_LANES],
+                                      uint64_t sb[LN_ACC_LEVELS][LN_LANES])
+{
+    int nv = d > 16 ? 4 : d > 8 ? 2 : 1;
+    for (int v = 1; v <= 4; v *= 2) {
+        if (nv != v)
+            continue;
+        if (levels == 3)
+            ln_short_back_output_nv(x, x_row, dy, dy_row, dst, dst_row, n, wp, co, 3, sw, sb, v);
+        else if (levels == 2)
+            ln_short_back_output_nv(x, x_row, dy, dy_row, dst, dst_row, n, wp, co, 2, sw, sb, v);
+        else
+            ln_short_back_output_nv(x, x_row, dy, dy_row, dst, dst_row, n, wp, co, 0, sw, sb, v);
+    }
+}
+#define LN_SHORT_BACK_SUMS_AVX ln_short_back_sums_avx2
+#define LN_SHORT_BACK_OUTPUT_AVX ln_short_back_output_avx2
 #endif
 
 #define LN_LOAD_ROW_F16 ln_load_row_f16

@@ -761,6 +761,57 @@ def test_ufunc_gives_dx(dtype):
                      want.T)
 
 
+@pytest.mark.parametrize("d", [8, 12, 16, 32, 70], ids=lambda d: f"d={d}")
+@pytest.mark.parametrize("ufunc", ["layer_norm_backward_ufunc", "rms_norm_backward_ufunc"])
+def test_ufunc_writing_dx_over_its_inputs(ufunc, d, restore_settings):
+    """dx written over dy or over x, whole or through an overlapping view
+    one row along: the result of copies, at every level (the short
+    records' loops read a record's rows in place while writing dx)."""
+    fn = getattr(lnc, ufunc)
+    x, dy, w = _batch(F32, n=37, d=d)
+    want = fn(dy.copy(), x.copy(), w, 1e-5)
+    for isa in lnc.supported_isas():
+        lnc.set_isa(isa)
+        for target in ("dy", "x"):
+            a, b = dy.copy(), x.copy()
+            out = a if target == "dy" else b
+            fn(a, b, w, 1e-5, out=out)
+            assert_same_bits(out, want, f"dx over {target} ({isa})")
+            src = dy if target == "dy" else x
+            buf = np.concatenate([np.zeros_like(src[:1]), src])  # buf[1:] is src
+            a, b = (buf[1:], x.copy()) if target == "dy" else (dy.copy(), buf[1:])
+            fn(a, b, w, 1e-5, out=buf[:-1])
+            assert_same_bits(buf[:-1], want, f"dx over {target}, one row along ({isa})")
+
+
+@pytest.mark.parametrize("dtype", _backward_dtypes(), ids=str)
+def test_every_short_width_matches_scalar(dtype, restore_settings):
+    """Every record width the short groups take (d up to 32), in groups
+    of 16 and a tail of 5: every level gives the scalar level's bits for
+    dx, dweight and dbias of LayerNorm (with and without the forward's
+    mean) and of RMSNorm (float32 rows of 8, 16 and 32 features are read
+    in place, the others through float copies)."""
+    rng = np.random.default_rng(31)
+    for d in range(1, 34):
+        x = (rng.standard_normal((37, d)) * 2 + 5).astype(dtype)
+        dy = rng.standard_normal((37, d)).astype(dtype)
+        w = rng.uniform(0.5, 2, d).astype(dtype)
+        mean = lnc.layer_norm(x, w, return_stats=True).mean
+
+        def calls():
+            return {"ln": lnc.layer_norm_backward(dy, x, w),
+                    "ln, mean given": lnc.layer_norm_backward(dy, x, w, mean=mean),
+                    "rms": lnc.rms_norm_backward(dy, x, w)}
+
+        lnc.set_isa("scalar")
+        want = calls()
+        for isa in lnc.supported_isas():
+            lnc.set_isa(isa)
+            for op, g in calls().items():
+                for name, u, v in zip(g._fields, g, want[op]):
+                    assert_same_bits(u, v, f"{name} of {op} ({isa}, {dtype}, d={d})")
+
+
 @pytest.mark.parametrize("axis", [0, 1, (1, 2), (0, 2)])
 def test_axes(axis):
     rng = np.random.default_rng(11)
