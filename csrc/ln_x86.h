@@ -1215,6 +1215,80 @@ static void ln_short_back_output_avx2(const char *x, ptrdiff_t x_row, const char
 }
 #define LN_SHORT_BACK_SUMS_AVX ln_short_back_sums_avx2
 #define LN_SHORT_BACK_OUTPUT_AVX ln_short_back_output_avx2
+
+/* ---- a group's parameter-gradient terms, AVX2 -------------------------- */
+/*
+ * The deposits of the m float32 LayerNorm records ln_ops.h's
+ * back_finish finishes together, features [i0, i1) of each (a chunk,
+ * just read by their dx loops), eight features at a time: each record's terms there (dy *
+ * xhat and dy, in double, xhat as the dx loop has it) summed on `levels`
+ * levels in registers across the records, then added to the features'
+ * level sums once. Record by record, every term had been a load and a
+ * store of its level sums. The same integers summed: the same bits.
+ */
+static inline __attribute__((always_inline)) void
+ln_back_group_terms_nv(const float *const *x, const float *const *dy, size_t m,
+                       const float *hi, const float *r, const float *c, size_t i0,
+                       size_t i1, uint64_t *const *sw, uint64_t *const *sb, int levels)
+{
+    size_t i = i0;
+    for (; i + 8 <= i1; i += 8) {
+        __m256i s[2][2][LN_ACC_LEVELS]; /* [dweight, dbias][lanes 0-3, 4-7][level] */
+        for (int q = 0; q < 2; q++)
+            for (int h = 0; h < 2; h++)
+                for (int l = 0; l < LN_ACC_LEVELS; l++)
+                    s[q][h][l] = _mm256_setzero_si256();
+        for (size_t j = 0; j < m; j++) {
+            __m256 dv = _mm256_loadu_ps(dy[j] + i);
+            __m256 xh = _mm256_fmadd_ps(_mm256_sub_ps(_mm256_loadu_ps(x[j] + i),
+                                                      _mm256_set1_ps(hi[j])),
+                                        _mm256_set1_ps(r[j]), _mm256_set1_ps(c[j]));
+            for (int h = 0; h < 2; h++) {
+                __m128 dh = h ? _mm256_extractf128_ps(dv, 1) : _mm256_castps256_ps128(dv);
+                __m128 xhh = h ? _mm256_extractf128_ps(xh, 1) : _mm256_castps256_ps128(xh);
+                __m256d u = _mm256_cvtps_pd(dh);
+                __m256d v = _mm256_mul_pd(u, _mm256_cvtps_pd(xhh));
+                if (levels == 3) {
+                    v = ln_deposit_top4(s[0][h], v);
+                    u = ln_deposit_top4(s[1][h], u);
+                }
+                ln_deposit2_4(s[0][h], v);
+                ln_deposit2_4(s[1][h], u);
+            }
+        }
+        for (int l = LN_ACC_LEVELS - levels; l < LN_ACC_LEVELS; l++)
+            for (int h = 0; h < 2; h++) {
+                __m256i *pw = (__m256i *)(sw[l] + i + 4 * h);
+                __m256i *pb = (__m256i *)(sb[l] + i + 4 * h);
+                _mm256_storeu_si256(pw, _mm256_add_epi64(_mm256_loadu_si256(pw), s[0][h][l]));
+                _mm256_storeu_si256(pb, _mm256_add_epi64(_mm256_loadu_si256(pb), s[1][h][l]));
+            }
+    }
+    for (; i < i1; i++) /* the last features, a term at a time */
+        for (size_t j = 0; j < m; j++) {
+            float xh = fmaf(x[j][i] - hi[j], r[j], c[j]);
+            double u = (double)dy[j][i], v = u * (double)xh;
+            if (levels == 3) {
+                ln_deposit3(sw[0], sw[1], sw[2], i, v);
+                ln_deposit3(sb[0], sb[1], sb[2], i, u);
+            } else {
+                ln_deposit2(sw[1], sw[2], i, v);
+                ln_deposit2(sb[1], sb[2], i, u);
+            }
+        }
+}
+
+static void ln_back_group_terms_avx2(const float *const *x, const float *const *dy, size_t m,
+                                     const float *hi, const float *r, const float *c, size_t i0,
+                                     size_t i1, uint64_t *const *sw, uint64_t *const *sb,
+                                     int levels)
+{
+    if (levels == 3)
+        ln_back_group_terms_nv(x, dy, m, hi, r, c, i0, i1, sw, sb, 3);
+    else
+        ln_back_group_terms_nv(x, dy, m, hi, r, c, i0, i1, sw, sb, 2);
+}
+#define LN_BACK_GROUP_TERMS_F32 ln_back_group_terms_avx2
 #endif
 
 #define LN_LOAD_ROW_F16 ln_load_row_f16
