@@ -225,6 +225,25 @@ def _backward_dtypes():
     return list(FLOAT_DTYPES) + [np.dtype(ml_dtypes.bfloat16)]
 
 
+def _assert_levels_match_scalar(dy, x, w, what):
+    """Every level gives the scalar level's bits for dx, dweight and dbias
+    of LayerNorm (with and without the forward's mean) and of RMSNorm."""
+    mean = lnc.layer_norm(x, w, return_stats=True).mean
+
+    def calls():
+        return {"ln": lnc.layer_norm_backward(dy, x, w),
+                "ln, mean given": lnc.layer_norm_backward(dy, x, w, mean=mean),
+                "rms": lnc.rms_norm_backward(dy, x, w)}
+
+    lnc.set_isa("scalar")
+    want = calls()
+    for isa in lnc.supported_isas():
+        lnc.set_isa(isa)
+        for op, g in calls().items():
+            for name, u, v in zip(g._fields, g, want[op]):
+                assert_same_bits(u, v, f"{name} of {op} ({isa}, {what})")
+
+
 BACKWARD_WIDTHS = (list(range(33, 4 * LANES + 3)) +
                    [BLOCK - 1, BLOCK, BLOCK + 1, BLOCK + 17, 2 * BLOCK - 9, 3 * BLOCK,
                     4 * BLOCK + 23, 16 * BLOCK + 3])
@@ -242,20 +261,7 @@ def test_every_isa_matches_scalar_on_the_backwards_tails(restore_settings):
             x = (rng.standard_normal((3, d)) * 2 + 5).astype(dtype)
             dy = rng.standard_normal((3, d)).astype(dtype)
             w = rng.uniform(0.5, 2, d).astype(dtype)
-            mean = lnc.layer_norm(x, w, return_stats=True).mean
-
-            def calls():
-                return {"ln": lnc.layer_norm_backward(dy, x, w),
-                        "ln, mean given": lnc.layer_norm_backward(dy, x, w, mean=mean),
-                        "rms": lnc.rms_norm_backward(dy, x, w)}
-
-            lnc.set_isa("scalar")
-            want = calls()
-            for isa in lnc.supported_isas():
-                lnc.set_isa(isa)
-                for op, g in calls().items():
-                    for name, u, v in zip(g._fields, g, want[op]):
-                        assert_same_bits(u, v, f"{name} of {op} ({isa}, {dtype}, d={d})")
+            _assert_levels_match_scalar(dy, x, w, f"{dtype}, d={d}")
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
@@ -826,20 +832,7 @@ def test_every_short_width_matches_scalar(dtype, restore_settings):
         x = (rng.standard_normal((37, d)) * 2 + 5).astype(dtype)
         dy = rng.standard_normal((37, d)).astype(dtype)
         w = rng.uniform(0.5, 2, d).astype(dtype)
-        mean = lnc.layer_norm(x, w, return_stats=True).mean
-
-        def calls():
-            return {"ln": lnc.layer_norm_backward(dy, x, w),
-                    "ln, mean given": lnc.layer_norm_backward(dy, x, w, mean=mean),
-                    "rms": lnc.rms_norm_backward(dy, x, w)}
-
-        lnc.set_isa("scalar")
-        want = calls()
-        for isa in lnc.supported_isas():
-            lnc.set_isa(isa)
-            for op, g in calls().items():
-                for name, u, v in zip(g._fields, g, want[op]):
-                    assert_same_bits(u, v, f"{name} of {op} ({isa}, {dtype}, d={d})")
+        _assert_levels_match_scalar(dy, x, w, f"{dtype}, d={d}")
 
 
 @pytest.mark.parametrize("axis", [0, 1, (1, 2), (0, 2)])
