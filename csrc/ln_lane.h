@@ -1304,15 +1304,25 @@ typedef struct {
     LN_T m0[LN_SHORT_GROUP]; /* the shift of the sums */
 } LN_FN(back_group);
 
-/* Is a record of d features short for the backward (done in groups)? */
-LN_ALWAYS_INLINE int LN_FN(back_is_short)(size_t d) { return d <= LN_SHORT; }
+/* Is a record of d features short for the backward (done in groups)?
+ * With the level's own loops, float records of up to two lane rows too
+ * (in the transposed form they had been 10-15% slower than the record
+ * path). */
+LN_ALWAYS_INLINE int LN_FN(back_is_short)(size_t d)
+{
+#if defined(LN_SHORT_BACK_SUMS_ROWS)
+    return d <= 2 * LN_LANES;
+#else
+    return d <= LN_SHORT;
+#endif
+}
 
 #if defined(LN_SHORT_BACK_SUMS_ROWS)
 /* Does the level's loop read the group's rows in place (float32 records
- * of whole registers: 8, 16 or 32 features)? Else float copies. */
+ * of whole registers: 8, 16, 32 or 64 features)? Else float copies. */
 LN_ALWAYS_INLINE int LN_FN(back_direct)(size_t d)
 {
-    return sizeof(LN_S) == sizeof(float) && LN_FN(group_width)(d) == d;
+    return sizeof(LN_S) == sizeof(float) && (LN_FN(group_width)(d) == d || d == 2 * LN_LANES);
 }
 #endif
 
@@ -1391,8 +1401,8 @@ LN_ALWAYS_INLINE void LN_FN(back_group_sums)(LN_FN(back_group) *bg, const char *
 /* A group's level sums (sw of dw's terms, sb of db's, of LN_SHORT_GROUP
  * records each: kept or not, each deposited something) added to each
  * feature's sums of dw and db (either may be NULL), and counted. */
-LN_ALWAYS_INLINE void LN_FN(back_group_commit)(uint64_t sw[LN_ACC_LEVELS][LN_LANES],
-                                               uint64_t sb[LN_ACC_LEVELS][LN_LANES], size_t d,
+LN_ALWAYS_INLINE void LN_FN(back_group_commit)(uint64_t sw[LN_ACC_LEVELS][2 * LN_LANES],
+                                               uint64_t sb[LN_ACC_LEVELS][2 * LN_LANES], size_t d,
                                                ln_acc *dw, ln_acc *db, int levels)
 {
     if (dw)
@@ -1420,7 +1430,7 @@ LN_ALWAYS_INLINE void LN_FN(back_group_deposit)(const LN_T dyr[LN_SHORT_GROUP][2
                                                 size_t d, const int *keep, ln_acc *dw,
                                                 ln_acc *db, int levels)
 {
-    uint64_t sw[LN_ACC_LEVELS][LN_LANES] = {{0}}, sb[LN_ACC_LEVELS][LN_LANES] = {{0}};
+    uint64_t sw[LN_ACC_LEVELS][2 * LN_LANES] = {{0}}, sb[LN_ACC_LEVELS][2 * LN_LANES] = {{0}};
     double v[LN_SHORT_GROUP][LN_LANES], u[LN_SHORT_GROUP][LN_LANES];
     for (size_t k = 0; k < LN_SHORT_GROUP; k++)
         for (size_t j = 0; j < d; j++) {
@@ -1461,7 +1471,7 @@ LN_ALWAYS_INLINE void LN_FN(back_group_output)(const LN_FN(back_group) *bg, char
     /* dx into its rows in place, or into a float copy first */
     int direct = LN_FN(back_direct)(d);
     LN_T out[LN_SHORT_GROUP][2 * LN_LANES];
-    uint64_t sw[LN_ACC_LEVELS][LN_LANES], sb[LN_ACC_LEVELS][LN_LANES];
+    uint64_t sw[LN_ACC_LEVELS][2 * LN_LANES], sb[LN_ACC_LEVELS][2 * LN_LANES];
     ln_short_back_coefs co;
     for (size_t k = 0; k < LN_SHORT_GROUP; k++) {
         co.hi[k] = hi[k], co.r[k] = r[k], co.c[k] = c[k], co.a[k] = a[k], co.bm[k] = bm[k];

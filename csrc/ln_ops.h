@@ -861,8 +861,8 @@ LN_ALWAYS_INLINE int LN_OPS(back_short_rows_d)(const ln_rows *r, int rms, size_t
 {
     int status = LN_OK;
     const LN_P *w = r->w;
-    LN_P wp[LN_LANES]; /* the gain, padded: the group computes whole lane rows */
-    for (size_t j = 0; j < LN_LANES; j++)
+    LN_P wp[2 * LN_LANES]; /* the gain, padded: the group computes whole lane rows */
+    for (size_t j = 0; j < 2 * LN_LANES; j++)
         wp[j] = j < d ? w[j] : (LN_P)1;
     LN_CORE(back_group) bg;
     for (size_t k0 = 0; k0 < r->n; k0 += LN_SHORT_GROUP) {

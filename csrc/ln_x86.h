@@ -1003,7 +1003,7 @@ static void ln_short_output_avx2(const char *src, ptrdiff_t src_row, char *dst, 
 /* ---- short records' backward, AVX2 ------------------------------------ */
 /*
  * The backward of a short group (ln_lane.h's back_group: float compute,
- * records of at most one lane row, rows read in place or float copies
+ * records of at most two lane rows, rows read in place or float copies
  * zero-padded to their lane width) with each record's lanes in
  * registers, as the forward's short loops above: back_sums' lanes (one
  * element each: 0 + t, t * t, 0 + g and g * t, each rounded once)
@@ -1011,8 +1011,10 @@ static void ln_short_output_avx2(const char *src, ptrdiff_t src_row, char *dst, 
  * with the parameter-gradient terms of the group's records summed in
  * registers, eight features at a time. The transposed form in C went
  * through arrays on the stack for every step: (1e6, 16) float32 about
- * 50 ns a record without the deposits. The same operations in the same
- * order: the same bits.
+ * 50 ns a record without the deposits; records of more than one lane
+ * row took the record path, which these loops take 0.60x the time of at
+ * float32 (4096, 64). The same operations in the same order: the same
+ * bits.
  */
 
 /* The largest lane of each of four registers v[0..3] (none NaN): record
@@ -1033,8 +1035,10 @@ static inline __m128 ln_max_last4(const __m256 v[4])
  * given means; else 0), the shifts m0 (given[k], else that mean, as a
  * float; 0 for RMSNorm), and around them each record's four sums, four
  * records at a time, with the largest |dy| and |t|. x, dy: float rows
- * x_row and dy_row bytes apart, nv registers of them read (1, 2 or 4),
- * lanes past d masked unless full. wp: the gain, padded with ones. */
+ * x_row and dy_row bytes apart, nv registers of them read (1, 2 or 4;
+ * 8 for two lane rows, the second's elements added into the first's
+ * lanes as back_sums adds them), lanes past d masked unless full. wp:
+ * the gain, padded with ones. */
 static inline __attribute__((always_inline)) void
 ln_short_back_sums_nv(const char *x, ptrdiff_t x_row, const char *dy, ptrdiff_t dy_row,
                       size_t n, size_t d, const float *wp, const double *given, int rms,
@@ -1049,7 +1053,8 @@ ln_short_back_sums_nv(const char *x, ptrdiff_t x_row, const char *dy, ptrdiff_t 
         m0[k] = rms ? 0.0f : (float)(given && k < n ? given[k] : s->mean[k]);
     const __m256 zero = _mm256_setzero_ps(), one = _mm256_set1_ps(1.0f);
     const __m256 sign = _mm256_set1_ps(-0.0f);
-    __m256 mk[4], w[4];
+    const int na = nv < 4 ? nv : 4; /* the registers of lanes */
+    __m256 mk[8], w[8];
     for (int q = 0; q < nv; q++) {
         mk[q] = ln_lane_mask8(d, 8 * (size_t)q);
         w[q] = _mm256_loadu_ps(wp + 8 * q);
@@ -1072,19 +1077,26 @@ ln_short_back_sums_nv(const char *x, ptrdiff_t x_row, const char *dy, ptrdiff_t 
                     dv = _mm256_and_ps(mk[q], dv);
                 }
                 __m256 g = _mm256_mul_ps(dv, w[q]);
-                /* 0 + t as t * 1 + 0, rounded once: the same value, on
-                 * the multiply ports (the adds' are the tree's and the
-                 * conversions') */
-                l[0][q] = _mm256_fmadd_ps(t, one, zero);
-                l[1][q] = _mm256_fmadd_ps(t, t, zero);
-                l[2][q] = _mm256_fmadd_ps(g, one, zero);
-                l[3][q] = _mm256_fmadd_ps(g, t, zero);
+                if (q < 4) {
+                    /* 0 + t as t * 1 + 0, rounded once: the same value,
+                     * on the multiply ports (the adds' are the tree's
+                     * and the conversions') */
+                    l[0][q] = _mm256_fmadd_ps(t, one, zero);
+                    l[1][q] = _mm256_fmadd_ps(t, t, zero);
+                    l[2][q] = _mm256_fmadd_ps(g, one, zero);
+                    l[3][q] = _mm256_fmadd_ps(g, t, zero);
+                } else { /* the second lane row, into the same lanes */
+                    l[0][q - 4] = _mm256_add_ps(l[0][q - 4], t);
+                    l[1][q - 4] = _mm256_fmadd_ps(t, t, l[1][q - 4]);
+                    l[2][q - 4] = _mm256_add_ps(l[2][q - 4], g);
+                    l[3][q - 4] = _mm256_fmadd_ps(g, t, l[3][q - 4]);
+                }
                 /* max(v, m) is m when v is NaN, as back_sums' v > m ? v : m */
                 mdy[i] = _mm256_max_ps(_mm256_andnot_ps(sign, dv), mdy[i]);
                 mt[i] = _mm256_max_ps(_mm256_andnot_ps(sign, t), mt[i]);
             }
             for (int j = 0; j < 4; j++)
-                r[j][i] = ln_tree_to4(l[j], nv);
+                r[j][i] = ln_tree_to4(l[j], na);
         }
         for (int j = 0; j < 4; j++)
             _mm256_storeu_pd(sums[j] + k, ln_tree_last4(r[j]));
@@ -1108,8 +1120,12 @@ static void ln_short_back_sums_avx2(const char *x, ptrdiff_t x_row, const char *
         ln_short_back_sums_nv(x, x_row, dy, dy_row, n, d, wp, given, rms, s, m0, 2, 0);
     else if (d == 32)
         ln_short_back_sums_nv(x, x_row, dy, dy_row, n, d, wp, given, rms, s, m0, 4, 1);
-    else
+    else if (d < 32)
         ln_short_back_sums_nv(x, x_row, dy, dy_row, n, d, wp, given, rms, s, m0, 4, 0);
+    else if (d == 64)
+        ln_short_back_sums_nv(x, x_row, dy, dy_row, n, d, wp, given, rms, s, m0, 8, 1);
+    else
+        ln_short_back_sums_nv(x, x_row, dy, dy_row, n, d, wp, given, rms, s, m0, 8, 0);
 }
 
 /* A group's float coefficients (ln_ops.h's back_short_rows: hi, r, c of
@@ -1147,8 +1163,8 @@ static inline __attribute__((always_inline)) void
 ln_short_back_output_nv(const char *x, ptrdiff_t x_row, const char *dy, ptrdiff_t dy_row,
                         char *dst, ptrdiff_t dst_row, size_t n, const float *wp,
                         const ln_short_back_coefs *co, int levels,
-                        uint64_t sw[LN_ACC_LEVELS][LN_LANES],
-                        uint64_t sb[LN_ACC_LEVELS][LN_LANES], int nv)
+                        uint64_t sw[LN_ACC_LEVELS][2 * LN_LANES],
+                        uint64_t sb[LN_ACC_LEVELS][2 * LN_LANES], int nv)
 {
     for (int q = 0; q < nv; q++) {
         const __m256 w = _mm256_loadu_ps(wp + 8 * q);
@@ -1198,11 +1214,11 @@ ln_short_back_output_nv(const char *x, ptrdiff_t x_row, const char *dy, ptrdiff_
 static void ln_short_back_output_avx2(const char *x, ptrdiff_t x_row, const char *dy,
                                       ptrdiff_t dy_row, char *dst, ptrdiff_t dst_row, size_t n,
                                       size_t d, const float *wp, const ln_short_back_coefs *co,
-                                      int levels, uint64_t sw[LN_ACC_LEVELS][LN_LANES],
-                                      uint64_t sb[LN_ACC_LEVELS][LN_LANES])
+                                      int levels, uint64_t sw[LN_ACC_LEVELS][2 * LN_LANES],
+                                      uint64_t sb[LN_ACC_LEVELS][2 * LN_LANES])
 {
-    int nv = d > 16 ? 4 : d > 8 ? 2 : 1;
-    for (int v = 1; v <= 4; v *= 2) {
+    int nv = d > 32 ? 8 : d > 16 ? 4 : d > 8 ? 2 : 1;
+    for (int v = 1; v <= 8; v *= 2) {
         if (nv != v)
             continue;
         if (levels == 3)

@@ -473,14 +473,14 @@ def test_float32_far_square_shift_keeps_full_accuracy(d):
     assert np.abs(g.dweight - dw).max() <= FAR_SHIFT_TOL * np.abs(dw).max()
 
 
-SHORT_CASES = [(F32, 1), (F32, 5), (F32, 8), (F32, 16), (F32, 27), (F32, 32),
-               (F64, 3), (F64, 8), (F64, 16), (F16, 16)]
+SHORT_CASES = [(F32, 1), (F32, 5), (F32, 8), (F32, 16), (F32, 27), (F32, 32), (F32, 47),
+               (F32, 64), (F64, 3), (F64, 8), (F64, 16), (F16, 16), (F16, 64)]
 
 
 @pytest.mark.parametrize("dtype,d", SHORT_CASES, ids=str)
 def test_short_records_in_groups_are_the_record_paths_bits(dtype, d, restore_settings):
-    """Records of up to 32 features (16 in float64) are done 16 at a time,
-    transposed, and the records of a group whose decisions are not the
+    """Records of up to 32 features (16 in float64; 64 where the level
+    has its own loops for them) are done 16 at a time, and the records of a group whose decisions are not the
     plain ones (near the fallbacks of the statistics, a NaN, a constant
     record, terms on the top level or on the scalar deposit path) go
     through the record path. Every bit is the record path's: dx, dweight
@@ -822,13 +822,14 @@ def test_ufunc_writing_dx_over_its_inputs(ufunc, d, restore_settings):
 
 @pytest.mark.parametrize("dtype", _backward_dtypes(), ids=str)
 def test_every_short_width_matches_scalar(dtype, restore_settings):
-    """Every record width the short groups take (d up to 32), in groups
-    of 16 and a tail of 5: every level gives the scalar level's bits for
-    dx, dweight and dbias of LayerNorm (with and without the forward's
-    mean) and of RMSNorm (float32 rows of 8, 16 and 32 features are read
-    in place, the others through float copies)."""
+    """Every record width the short groups take (d up to 32, and up to 64
+    where the level has its own loops for them), in groups of 16 and a
+    tail of 5: every level gives the scalar level's bits for dx, dweight
+    and dbias of LayerNorm (with and without the forward's mean) and of
+    RMSNorm (float32 rows of 8, 16, 32 and 64 features are read in place,
+    the others through float copies)."""
     rng = np.random.default_rng(31)
-    for d in range(1, 34):
+    for d in range(1, 2 * LANES + 2):
         x = (rng.standard_normal((37, d)) * 2 + 5).astype(dtype)
         dy = rng.standard_normal((37, d)).astype(dtype)
         w = rng.uniform(0.5, 2, d).astype(dtype)
