@@ -795,15 +795,14 @@ static void LN_OPS(group_values_of)(const LN_CORE(back_group) *bg, size_t d,
 {
     if (rms) {
         for (size_t k = 0; k < LN_SHORT_GROUP; k++) {
-            ln_back_sums s = {.stt = bg->s.stt[k], .gt = bg->s.gt[k]};
+            ln_back_sums s = ln_back_group_sums_at(&bg->s, k);
             ln_back_coef c;
             ln_rms_coef_values(&s, d, eps[k], &c, 1);
             LN_OPS(put_coef)(v, k, &c);
         }
     } else {
         for (size_t k = 0; k < LN_SHORT_GROUP; k++) {
-            ln_back_sums s = {.st = bg->s.st[k], .stt = bg->s.stt[k], .g = bg->s.g[k],
-                              .gt = bg->s.gt[k]};
+            ln_back_sums s = ln_back_group_sums_at(&bg->s, k);
             ln_back_coef c;
             ln_back_coef_values(&s, (double)bg->m0[k], d, eps[k], &c, 1);
             LN_OPS(put_coef)(v, k, &c);
@@ -830,7 +829,7 @@ static void LN_OPS(group_coefs)(const LN_CORE(back_group) *bg, const ln_rows *r,
      * forward's variance is not needed) */
     int finite[LN_SHORT_GROUP]; /* class 1; a loop of its own for each norm */
     for (size_t k = 0; k < LN_SHORT_GROUP; k++) {
-        ln_back_sums s = {.st = bg->s.st[k], .stt = bg->s.stt[k], .g = bg->s.g[k], .gt = bg->s.gt[k]};
+        ln_back_sums s = ln_back_group_sums_at(&bg->s, k);
         ln_back_coef c = LN_OPS(get_coef)(v, k);
         if (rms)
             finite[k] = ln_rms_x_finite(&s, &c) & ln_rms_dy_finite(&s);
@@ -839,8 +838,7 @@ static void LN_OPS(group_coefs)(const LN_CORE(back_group) *bg, const ln_rows *r,
     }
     int kept = !(r->dw && r->dw->plain), any_mean = rms || r->mean, three = 0;
     for (size_t k = 0; k < LN_SHORT_GROUP; k++) {
-        ln_back_sums s = {.st = bg->s.st[k], .stt = bg->s.stt[k], .g = bg->s.g[k], .gt = bg->s.gt[k],
-                          .max_dy = bg->s.max_dy[k], .max_t = bg->s.max_t[k]};
+        ln_back_sums s = ln_back_group_sums_at(&bg->s, k);
         ln_back_coef c = LN_OPS(get_coef)(v, k);
         int levels = ln_deposit_levels(&s, &c);
         int keep = valid[k] & finite[k] & (c.var + eps[k] <= DBL_MAX) &

@@ -173,6 +173,13 @@ typedef struct {
     double max_dy[LN_SHORT_GROUP], max_t[LN_SHORT_GROUP];
 } ln_back_group_sums;
 
+/* Record k's sums of a short group. */
+static inline ln_back_sums ln_back_group_sums_at(const ln_back_group_sums *s, size_t k)
+{
+    return (ln_back_sums){.st = s->st[k], .stt = s->stt[k], .g = s->g[k], .gt = s->gt[k],
+                          .max_dy = s->max_dy[k], .max_t = s->max_t[k]};
+}
+
 /* How a record's parameter-gradient terms are deposited: all three levels,
  * the lower two (every term below LN_ACC_SMALL), or one by one (a huge or
  * non-finite term). Every way gives the same sums. */
