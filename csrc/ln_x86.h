@@ -756,6 +756,13 @@ static inline __m256 ln_lane_mask8(size_t d, size_t j)
                                                     _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))));
 }
 
+/* The masks of the first nv registers of a record's row (ln_lane_mask8). */
+static inline __attribute__((always_inline)) void ln_lane_masks(__m256 m[8], size_t d, int nv)
+{
+    for (int q = 0; q < nv; q++)
+        m[q] = ln_lane_mask8(d, 8 * (size_t)q);
+}
+
 /* A record's 32 block lanes (lanes 8q..8q+7 in a[q]) as doubles through
  * the tree's levels (ln_contract.h, item 3) down to four lanes: lanes
  * 0..3 of the tree in one register. Only the first na registers (1, 2
@@ -809,8 +816,7 @@ ln_short_means_nv(const char *src, ptrdiff_t src_row, size_t n, size_t count, si
     const __m256 zero = _mm256_setzero_ps();
     const int na = nv < 4 ? nv : 4; /* the registers of lanes */
     __m256 m[8];
-    for (int q = 0; q < nv; q++)
-        m[q] = ln_lane_mask8(d, 8 * (size_t)q);
+    ln_lane_masks(m, d, nv);
 #define LN_MASKED(q, v) (full ? (v) : _mm256_and_ps(m[q], (v)))
     for (size_t k = 0; k < count; k += 4) {
         const float *p[4];
@@ -855,8 +861,7 @@ ln_short_stats_nv(const char *src, ptrdiff_t src_row, size_t n, size_t d, int rm
     const __m256 zero = _mm256_setzero_ps();
     const int na = nv < 4 ? nv : 4; /* the registers of lanes */
     __m256 m[8];
-    for (int q = 0; q < nv; q++)
-        m[q] = ln_lane_mask8(d, 8 * (size_t)q);
+    ln_lane_masks(m, d, nv);
 #define LN_MASKED(q, v) (full ? (v) : _mm256_and_ps(m[q], (v)))
     if (rms) {
         for (size_t k = 0; k < n; k += 4) {
@@ -1055,10 +1060,9 @@ ln_short_back_sums_nv(const char *x, ptrdiff_t x_row, const char *dy, ptrdiff_t 
     const __m256 sign = _mm256_set1_ps(-0.0f);
     const int na = nv < 4 ? nv : 4; /* the registers of lanes */
     __m256 mk[8], w[8];
-    for (int q = 0; q < nv; q++) {
-        mk[q] = ln_lane_mask8(d, 8 * (size_t)q);
+    ln_lane_masks(mk, d, nv);
+    for (int q = 0; q < nv; q++)
         w[q] = _mm256_loadu_ps(wp + 8 * q);
-    }
     double *sums[4] = {s->st, s->stt, s->g, s->gt};
     for (size_t k = 0; k < LN_SHORT_GROUP; k += 4) {
         const float *px[4], *pd[4];
