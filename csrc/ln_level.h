@@ -164,6 +164,7 @@
 #endif
 #if defined(LN_BACK_GROUP_TERMS_F32)
 #define LN_BACK_GROUP_TERMS LN_BACK_GROUP_TERMS_F32
+#define LN_BACK_GROUP_APPLY LN_BACK_GROUP_APPLY_F32
 #endif
 #if defined(LN_SHIFTED_SQUARES_F32)
 #define LN_SHIFTED_SQUARES_ROWS LN_SHIFTED_SQUARES_F32
@@ -194,6 +195,7 @@
 #define LN_OPS(f) f##_f32
 #include "ln_ops.h"
 #undef LN_BACK_GROUP_TERMS
+#undef LN_BACK_GROUP_APPLY
 #undef LN_CORE
 #undef LN_WIDE
 #undef LN_OPS

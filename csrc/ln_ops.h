@@ -676,21 +676,32 @@ static size_t LN_OPS(back_stream_from)(const ln_rows *r, const LN_S *dx)
  * chunks start at its first aligned element. */
 #if defined(LN_BACK_GROUP_TERMS)
 /* The terms of a group's records, features [i0, i1), together (the
- * level's loop, ln_x86.h): on three levels when any of them needs them
+ * level's loops, ln_x86.h), on three levels when any of them needs them
  * (a term below LN_ACC_SMALL puts 0 on the top level: the same sums; the
- * caller counts them so). */
+ * caller counts them so): with apply, their dx too (records in the
+ * caches); without, the terms alone (streamed records, whose dx loop has
+ * just read the chunk). */
 static void LN_OPS(group_terms)(const ln_rows *r, const LN_OPS(back_prep) *p, size_t m,
-                                size_t i0, size_t i1, int levels)
+                                size_t i0, size_t i1, int levels, int apply)
 {
     const LN_S *x[LN_BACK_GROUP], *dy[LN_BACK_GROUP];
+    LN_S *dx[LN_BACK_GROUP];
     LN_CT hi[LN_BACK_GROUP], rs[LN_BACK_GROUP], off[LN_BACK_GROUP];
+    LN_CT a[LN_BACK_GROUP], bm[LN_BACK_GROUP];
     for (size_t j = 0; j < m; j++) { /* as back_output_span has them */
-        x[j] = p[j].x, dy[j] = p[j].dy;
+        x[j] = p[j].x, dy[j] = p[j].dy, dx[j] = p[j].dx;
         hi[j] = (LN_CT)p[j].c.mean;
         rs[j] = (LN_CT)p[j].c.rstd;
         off[j] = LN_CORE(offset)((LN_CT)(p[j].c.mean - (double)hi[j]), rs[j]);
+        a[j] = (LN_CT)p[j].c.a;
+        bm[j] = (LN_CT)p[j].c.bm;
     }
-    LN_BACK_GROUP_TERMS(x, dy, m, hi, rs, off, i0, i1, r->dw->sum, r->db->sum, levels);
+    ln_group_rows g = {.x = x, .dy = dy, .dx = dx, .w = r->w, .hi = hi, .r = rs, .c = off,
+                       .a = a, .bm = bm};
+    if (apply)
+        LN_BACK_GROUP_APPLY(&g, m, i0, i1, r->dw->sum, r->db->sum, levels);
+    else
+        LN_BACK_GROUP_TERMS(&g, m, i0, i1, r->dw->sum, r->db->sum, levels);
 }
 #endif
 
@@ -699,25 +710,29 @@ static void LN_OPS(back_finish)(const ln_rows *r, const LN_OPS(back_prep) *p, si
     size_t d = r->d, from[LN_BACK_GROUP];
     for (size_t j = 0; j < m; j++)
         from[j] = LN_OPS(back_stream_from)(r, p[j].dx);
-    /* The terms of a group of streamed LayerNorm vector records (none
-     * plain), whose dx loops leave them to a loop of their own, deposited
-     * together where the level can (group_terms): float32, one thread,
-     * (4096, 768) 0.94-0.96x the time, (4096, 1024) 0.91-0.96x. Records
-     * in the caches keep them in their dx loop (taken out of it,
-     * (256, 768) was 1.07-1.09x slower); RMSNorm's, dweight's alone,
-     * gained nothing. */
-    int grouped = 0, levels = 2;
+    /* A group of LayerNorm vector records (none plain) deposits its terms
+     * together where the level can (group_terms): streamed records, whose
+     * dx loops leave them to a loop of their own (float32, one thread,
+     * (4096, 768) 0.94-0.96x the time, (4096, 1024) 0.91-0.96x), and
+     * records in the caches, whose dx comes from the same loop (apply).
+     * RMSNorm's, dweight's alone, gained nothing. */
+    int grouped = 0, apply = 0, levels = 2;
     (void)levels;
 #if defined(LN_BACK_GROUP_TERMS)
-    grouped = r->dw != NULL && r->db != NULL && m > 1;
+    size_t streamed = 0;
+    grouped = r->dw != NULL && r->db != NULL;
     for (size_t j = 0; j < m; j++) {
-        grouped &= p[j].path != LN_DEPOSIT_PLAIN && from[j] < d;
+        grouped &= p[j].path != LN_DEPOSIT_PLAIN;
+        streamed += from[j] < d;
         levels = p[j].path == LN_DEPOSIT_3 ? 3 : levels;
     }
+    apply = grouped && streamed == 0;
+    grouped &= apply || (streamed == m && m > 1); /* none streamed, or all */
 #endif
     ln_acc *dw = grouped ? NULL : r->dw, *db = grouped ? NULL : r->db;
     for (size_t c0 = 0; c0 < d; c0 += LN_BACK_CHUNK) {
-        for (size_t j = 0; j < m; j++) {
+        size_t c1 = c0 + LN_BACK_CHUNK < d ? c0 + LN_BACK_CHUNK : d;
+        for (size_t j = 0; j < m && !apply; j++) {
             int stream = from[j] < d;
             size_t shift = stream ? from[j] : 0, i0 = c0 ? shift + c0 : 0;
             size_t end = shift + c0 + LN_BACK_CHUNK, i1 = end < d ? end : d;
@@ -732,9 +747,9 @@ static void LN_OPS(back_finish)(const ln_rows *r, const LN_OPS(back_prep) *p, si
         }
 #if defined(LN_BACK_GROUP_TERMS)
         if (grouped)
-            LN_OPS(group_terms)(r, p, m, c0, c0 + LN_BACK_CHUNK < d ? c0 + LN_BACK_CHUNK : d,
-                                levels);
+            LN_OPS(group_terms)(r, p, m, c0, c1, levels, apply);
 #endif
+        (void)c1;
     }
     for (size_t j = 0; j < m; j++) {
         if (!grouped) {
@@ -928,6 +943,9 @@ static int LN_OPS(back_all)(const ln_rows *r, int rms)
     int status = LN_OK;
     double w_max = r->w_max; /* the batch layer's bound on |w| */
     size_t group = r->d > LN_BACK_CHUNK ? LN_BACK_GROUP : 1;
+#if defined(LN_BACK_GROUP_TERMS)
+    group = LN_BACK_GROUP; /* records in the caches are grouped too (back_finish) */
+#endif
     LN_OPS(back_prep) p[LN_BACK_GROUP];
     for (size_t k0 = 0; k0 < r->n; k0 += group) {
         size_t k1 = r->n - k0 > group ? k0 + group : r->n, m = 0;

@@ -385,6 +385,15 @@ static inline void ln_acc_count_db(ln_acc *db, int levels, int on_grid)
         ln_acc_count(db, levels);
 }
 
+/* The rows of a group of float32 records and their coefficients, as a
+ * level's group loops take them (ln_x86.h's ln_back_group_nv). */
+typedef struct {
+    const float *const *x, *const *dy; /* the m records' rows */
+    float *const *dx;                    /* written by the apply loop only */
+    const float *w;                      /* the gain (ones without one), apply only */
+    const float *hi, *r, *c, *a, *bm;    /* per record: normalize's and grad_input's */
+} ln_group_rows;
+
 /* A spare row of `bytes` bytes (64-byte aligned) for the rare paths of a
  * record kernel, allocated on first use per worker (ln_batch.c); NULL if
  * memory cannot be had. */

@@ -1239,17 +1239,22 @@ static void ln_short_back_output_avx2(const char *x, ptrdiff_t x_row, const char
 /* ---- a group's parameter-gradient terms, AVX2 -------------------------- */
 /*
  * The deposits of the m float32 LayerNorm records ln_ops.h's
- * back_finish finishes together, features [i0, i1) of each (a chunk,
- * just read by their dx loops), eight features at a time: each record's terms there (dy *
- * xhat and dy, in double, xhat as the dx loop has it) summed on `levels`
- * levels in registers across the records, then added to the features'
- * level sums once. Record by record, every term had been a load and a
- * store of its level sums. The same integers summed: the same bits.
+ * back_finish finishes together, features [i0, i1) of each (a chunk),
+ * eight features at a time: each record's terms there (dy * xhat and dy,
+ * in double, xhat as the dx loop has it) summed on `levels` levels in
+ * registers across the records, then added to the features' level sums
+ * once. Record by record, every term had been a load and a store of its
+ * level sums. The same integers summed: the same bits.
+ *
+ * With `apply` (a constant), the same loop also writes each record's dx
+ * (ln_elem.h's grad_input, from its coefficients a and bm: the dx loop of
+ * back_apply): records in the caches, read once. Without it, the terms
+ * alone: streamed records, whose dx loop (non-temporal stores) has just
+ * read the chunk.
  */
 static inline __attribute__((always_inline)) void
-ln_back_group_terms_nv(const float *const *x, const float *const *dy, size_t m,
-                       const float *hi, const float *r, const float *c, size_t i0,
-                       size_t i1, uint64_t *const *sw, uint64_t *const *sb, int levels)
+ln_back_group_nv(const ln_group_rows *g, size_t m, size_t i0, size_t i1, uint64_t *const *sw,
+                 uint64_t *const *sb, int levels, int apply)
 {
     size_t i = i0;
     for (; i + 8 <= i1; i += 8) {
@@ -1258,15 +1263,22 @@ ln_back_group_terms_nv(const float *const *x, const float *const *dy, size_t m,
             for (int h = 0; h < 2; h++)
                 for (int l = 0; l < LN_ACC_LEVELS; l++)
                     s[q][h][l] = _mm256_setzero_si256();
+        __m256 wv = apply ? _mm256_loadu_ps(g->w + i) : _mm256_setzero_ps();
         for (size_t j = 0; j < m; j++) {
-            __m256 dv = _mm256_loadu_ps(dy[j] + i);
-            __m256 xh = _mm256_fmadd_ps(_mm256_sub_ps(_mm256_loadu_ps(x[j] + i),
-                                                      _mm256_set1_ps(hi[j])),
-                                        _mm256_set1_ps(r[j]), _mm256_set1_ps(c[j]));
+            __m256 dv = _mm256_loadu_ps(g->dy[j] + i), rv = _mm256_set1_ps(g->r[j]);
+            __m256 xh = _mm256_fmadd_ps(_mm256_sub_ps(_mm256_loadu_ps(g->x[j] + i),
+                                                      _mm256_set1_ps(g->hi[j])),
+                                        rv, _mm256_set1_ps(g->c[j]));
+            if (apply) { /* fma(-xhat, bm, g - a) * r */
+                __m256 ga = _mm256_sub_ps(_mm256_mul_ps(dv, wv), _mm256_set1_ps(g->a[j]));
+                _mm256_storeu_ps(g->dx[j] + i,
+                                 _mm256_mul_ps(_mm256_fnmadd_ps(xh, _mm256_set1_ps(g->bm[j]), ga),
+                                               rv));
+            }
             for (int h = 0; h < 2; h++) {
-                __m128 dh = h ? _mm256_extractf128_ps(dv, 1) : _mm256_castps256_ps128(dv);
+                /* dy's halves converted from memory: no extract */
                 __m128 xhh = h ? _mm256_extractf128_ps(xh, 1) : _mm256_castps256_ps128(xh);
-                __m256d u = _mm256_cvtps_pd(dh);
+                __m256d u = _mm256_cvtps_pd(_mm_loadu_ps(g->dy[j] + i + 4 * h));
                 __m256d v = _mm256_mul_pd(u, _mm256_cvtps_pd(xhh));
                 if (levels == 3) {
                     v = ln_deposit_top4(s[0][h], v);
@@ -1286,8 +1298,10 @@ ln_back_group_terms_nv(const float *const *x, const float *const *dy, size_t m,
     }
     for (; i < i1; i++) /* the last features, a term at a time */
         for (size_t j = 0; j < m; j++) {
-            float xh = fmaf(x[j][i] - hi[j], r[j], c[j]);
-            double u = (double)dy[j][i], v = u * (double)xh;
+            float dyv = g->dy[j][i], xh = fmaf(g->x[j][i] - g->hi[j], g->r[j], g->c[j]);
+            if (apply)
+                g->dx[j][i] = fmaf(-xh, g->bm[j], dyv * g->w[i] - g->a[j]) * g->r[j];
+            double u = (double)dyv, v = u * (double)xh;
             if (levels == 3) {
                 ln_deposit3(sw[0], sw[1], sw[2], i, v);
                 ln_deposit3(sb[0], sb[1], sb[2], i, u);
@@ -1298,17 +1312,25 @@ ln_back_group_terms_nv(const float *const *x, const float *const *dy, size_t m,
         }
 }
 
-static void ln_back_group_terms_avx2(const float *const *x, const float *const *dy, size_t m,
-                                     const float *hi, const float *r, const float *c, size_t i0,
-                                     size_t i1, uint64_t *const *sw, uint64_t *const *sb,
-                                     int levels)
+static void ln_back_group_terms_avx2(const ln_group_rows *g, size_t m, size_t i0, size_t i1,
+                                     uint64_t *const *sw, uint64_t *const *sb, int levels)
 {
     if (levels == 3)
-        ln_back_group_terms_nv(x, dy, m, hi, r, c, i0, i1, sw, sb, 3);
+        ln_back_group_nv(g, m, i0, i1, sw, sb, 3, 0);
     else
-        ln_back_group_terms_nv(x, dy, m, hi, r, c, i0, i1, sw, sb, 2);
+        ln_back_group_nv(g, m, i0, i1, sw, sb, 2, 0);
+}
+
+static void ln_back_group_apply_avx2(const ln_group_rows *g, size_t m, size_t i0, size_t i1,
+                                     uint64_t *const *sw, uint64_t *const *sb, int levels)
+{
+    if (levels == 3)
+        ln_back_group_nv(g, m, i0, i1, sw, sb, 3, 1);
+    else
+        ln_back_group_nv(g, m, i0, i1, sw, sb, 2, 1);
 }
 #define LN_BACK_GROUP_TERMS_F32 ln_back_group_terms_avx2
+#define LN_BACK_GROUP_APPLY_F32 ln_back_group_apply_avx2
 #endif
 
 #define LN_LOAD_ROW_F16 ln_load_row_f16

@@ -595,6 +595,39 @@ def test_streamed_groups_deposit_their_terms_together(restore_settings):
     assert_same_bits(h.dweight, want.dweight, "dweight, rows permuted")
 
 
+@pytest.mark.parametrize("d", [65, 70, 257, 520, 1030], ids=lambda d: f"d={d}")
+def test_groups_in_the_caches_write_dx_and_deposit_together(d, restore_settings):
+    """A LayerNorm backward in the caches (dx not streamed): the AVX2
+    level writes dx and sums the terms of each group of eight records in
+    one loop, chunk by chunk, on three levels when one record of the
+    group needs them. dx, dweight and dbias are the scalar level's bits
+    at every level and thread count, with records left out of their group
+    (NaN, constant) and a last group of five; and the rows' order
+    changes no bit of the sums."""
+    rng = np.random.default_rng(43)
+    n = 37
+    x = (rng.standard_normal((n, d)) * 2 + 1).astype(F32)
+    dy = rng.standard_normal((n, d)).astype(F32)
+    dy[9] *= 1e5  # terms of 2^13 and more: its group deposits three levels
+    x[13, 5] = np.nan  # the record path, outside its group
+    x[20] = 3.0  # constant: xhat 0
+    w = rng.uniform(0.5, 2, d).astype(F32)
+    lnc.set_isa("scalar")
+    want = lnc.layer_norm_backward(dy, x, w)
+    for isa in lnc.supported_isas():
+        lnc.set_isa(isa)
+        for threads in (1, 2):
+            lnc.set_num_threads(threads)
+            g = lnc.layer_norm_backward(dy, x, w)
+            for name, u, v in zip(g._fields, g, want):
+                assert_same_bits(u, v, f"{name} ({isa}, {threads} threads)")
+    perm = rng.permutation(n)
+    h = lnc.layer_norm_backward(dy[perm], x[perm], w)
+    assert_same_bits(h.dx, want.dx[perm], "dx, rows permuted")
+    assert_same_bits(h.dbias, want.dbias, "dbias, rows permuted")
+    assert_same_bits(h.dweight, want.dweight, "dweight, rows permuted")
+
+
 def _round_to_bits(v, bits):
     """A Fraction rounded once to nearest even to `bits` significant bits."""
     from fractions import Fraction
