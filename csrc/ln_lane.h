@@ -1074,6 +1074,8 @@ LN_ALWAYS_INLINE void LN_FN(back_deposit_at)(
     } else if (mode == LN_BACK_PLAIN) {
         pw[i] += v;
         pb[i] += u;
+    } else if (mode == LN_BACK_WPLAIN) {
+        pw[i] += v;
     }
 }
 
@@ -1161,6 +1163,7 @@ LN_BACK_LOOP(back_loop_2, LN_BACK_2, 0)
 LN_BACK_LOOP(back_loop_plain, LN_BACK_PLAIN, 0)
 LN_BACK_LOOP(back_loop_w3, LN_BACK_W3, 0)
 LN_BACK_LOOP(back_loop_w2, LN_BACK_W2, 0)
+LN_BACK_LOOP(back_loop_wplain, LN_BACK_WPLAIN, 0)
 #undef LN_BACK_LOOP
 
 /* The terms of n elements alone (no dx), for a streamed dx (back_apply):
@@ -1197,6 +1200,7 @@ LN_TERMS_LOOP(back_terms_2, LN_BACK_2)
 LN_TERMS_LOOP(back_terms_plain, LN_BACK_PLAIN)
 LN_TERMS_LOOP(back_terms_w3, LN_BACK_W3)
 LN_TERMS_LOOP(back_terms_w2, LN_BACK_W2)
+LN_TERMS_LOOP(back_terms_wplain, LN_BACK_WPLAIN)
 #undef LN_TERMS_LOOP
 
 /* The terms of n elements into dw and db at features at, at + 1, ..., as
@@ -1204,9 +1208,12 @@ LN_TERMS_LOOP(back_terms_w2, LN_BACK_W2)
 static void LN_FN(back_terms)(const LN_S *x, const LN_S *dy, size_t n, LN_T hi, LN_T r,
                               LN_T c, ln_acc *dw, ln_acc *db, int path, size_t at)
 {
-    if (dw && !db && path != LN_DEPOSIT_PLAIN) {
+    if (dw && !db) {
         uint64_t *const *sw = dw->sum;
-        if (path == LN_DEPOSIT_3)
+        if (path == LN_DEPOSIT_PLAIN)
+            LN_FN(back_terms_wplain)(x, dy, n, hi, r, c, NULL, NULL, NULL, NULL, NULL, NULL,
+                                     dw->huge + at, NULL);
+        else if (path == LN_DEPOSIT_3)
             LN_FN(back_terms_w3)(x, dy, n, hi, r, c, sw[0] + at, sw[1] + at, sw[2] + at, NULL,
                                  NULL, NULL, NULL, NULL);
         else
@@ -1249,9 +1256,12 @@ static void LN_FN(back_apply)(const LN_S *x, const LN_S *dy, LN_S *dx, size_t n,
         LN_FN(back_terms)(x, dy, n, hi, r, c, dw, db, path, at);
         return;
     }
-    if (dw && !db && path != LN_DEPOSIT_PLAIN) {
+    if (dw && !db) {
         uint64_t *const *sw = dw->sum;
-        if (path == LN_DEPOSIT_3)
+        if (path == LN_DEPOSIT_PLAIN)
+            LN_FN(back_loop_wplain)(x, dy, dx, n, w, hi, r, c, a, bm, NULL, NULL, NULL, NULL,
+                                    NULL, NULL, dw->huge + at, NULL);
+        else if (path == LN_DEPOSIT_3)
             LN_FN(back_loop_w3)(x, dy, dx, n, w, hi, r, c, a, bm, sw[0] + at, sw[1] + at,
                                 sw[2] + at, NULL, NULL, NULL, NULL, NULL);
         else

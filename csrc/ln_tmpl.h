@@ -323,10 +323,10 @@ static inline int ln_deposit_path(const ln_back_sums *s, const ln_back_coef *c,
 }
 /* What a lane-form backward loop deposits: nothing, both sums on three or
  * on two levels, only dweight's (RMSNorm has no bias), or the benchmark's
- * plain float64 sums. Always a constant
+ * plain float64 sums (both, or dweight's alone). Always a constant
  * at each call, so that every loop is compiled without a test per element. */
 enum { LN_BACK_NONE = 0, LN_BACK_3 = 1, LN_BACK_2 = 2, LN_BACK_PLAIN = 3, LN_BACK_W3 = 4,
-       LN_BACK_W2 = 5 };
+       LN_BACK_W2 = 5, LN_BACK_WPLAIN = 6 };
 
 /* The levels of a term, vector path: round(v / grid) into each level's
  * bits sum (see ln_accum.h). The lower two levels of |v| < 2^13. */

@@ -890,3 +890,32 @@ def test_mixed_dtypes_promote():
     want = lnc.layer_norm_backward(dy.astype(np.float64), x.astype(np.float64),
                                    w.astype(np.float64))
     assert_same_bits(g.dx, want.dx)
+
+
+@pytest.mark.parametrize("d", [16, 100, 768], ids=lambda d: f"d={d}")
+def test_the_benchmarks_plain_baseline_sums_what_the_exact_sums_do(d, restore_settings):
+    """The private baseline of the benchmark's sums-cost table (plain
+    float64 sums in record order, _core._backward(..., sums=2)) sums the
+    same terms as the exact sums at every level: dweight and dbias of
+    LayerNorm, and RMSNorm's dweight (its lane loops had left it at 0)."""
+    from layernorm_c import _core
+    rng = np.random.default_rng(47)
+    x = (rng.standard_normal((64, d)) + 2).astype(F32)
+    dy = rng.standard_normal((64, d)).astype(F32)
+    w = rng.uniform(0.5, 2, d).astype(F32)
+    want = {False: lnc.layer_norm_backward(dy, x, w), True: lnc.rms_norm_backward(dy, x, w)}
+
+    def plain(state):  # the last word of a feature's state: its plain sum
+        return np.asarray(state).reshape(d, -1)[:, -1].view(np.float64)
+
+    for isa in lnc.supported_isas():
+        lnc.set_isa(isa)
+        for rms, g in want.items():
+            eps = 1e-6 if rms else 1e-5
+            dx, sw, sb = _core._backward(dy, x, w, eps, None, 2, rms)
+            what = f"{'rms' if rms else 'ln'} ({isa})"
+            assert_same_bits(dx, g.dx, f"dx of {what}")
+            np.testing.assert_allclose(plain(sw), g.dweight, rtol=0, atol=1e-6 * 64, err_msg=what)
+            if not rms:
+                np.testing.assert_allclose(plain(sb), g.dbias, rtol=0, atol=1e-6 * 64,
+                                           err_msg=what)
