@@ -714,7 +714,10 @@ static void LN_OPS(back_finish)(const ln_rows *r, const LN_OPS(back_prep) *p, si
      * together where the level can (group_terms): streamed records, whose
      * dx loops leave them to a loop of their own (float32, one thread,
      * (4096, 768) 0.94-0.96x the time, (4096, 1024) 0.91-0.96x), and
-     * records in the caches, whose dx comes from the same loop (apply).
+     * records in the caches, whose dx comes from the same loop (apply;
+     * (256, 768) 0.95x). Not a large call's records whose dx is not
+     * streamed (a fresh output of 32 MiB or more): eight rows of dx
+     * written side by side, (16384, 4096) had taken 1.38x the time.
      * RMSNorm's, dweight's alone, gained nothing. */
     int grouped = 0, apply = 0, levels = 2;
     (void)levels;
@@ -726,8 +729,8 @@ static void LN_OPS(back_finish)(const ln_rows *r, const LN_OPS(back_prep) *p, si
         streamed += from[j] < d;
         levels = p[j].path == LN_DEPOSIT_3 ? 3 : levels;
     }
-    apply = grouped && streamed == 0;
-    grouped &= apply || (streamed == m && m > 1); /* none streamed, or all */
+    apply = grouped && streamed == 0 && !r->ahead;
+    grouped &= apply || (streamed == m && m > 1); /* in the caches, or all streamed */
 #endif
     ln_acc *dw = grouped ? NULL : r->dw, *db = grouped ? NULL : r->db;
     for (size_t c0 = 0; c0 < d; c0 += LN_BACK_CHUNK) {
