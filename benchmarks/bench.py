@@ -15,8 +15,9 @@ the op's traffic, into a preallocated and into a fresh array), layernorm_c
 and each peer that is installed: torch, onnxruntime, OpenVINO, JAX (jit)
 and the NumPy formula. Every result is checked against the float64
 reference before it is timed; a peer that disagrees, fails or is missing is
-reported under the tables, not timed. See benchmarks/README.md and
-docs/benchmarks.rst.
+reported under the tables, not timed. A table of its own measures what
+the backward's exact parameter-gradient sums cost against plain float64
+sums (issue 10). See benchmarks/README.md and docs/benchmarks.rst.
 """
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ import tempfile
 import time
 import tracemalloc
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -62,7 +64,7 @@ from benchlib.impls import (DTYPES, LABELS, OPS, PEERS, Impl, Inputs, NotAvailab
                             Peers, Reference, build, check, float32_data, impl_keys,
                             make_inputs, reference)
 from benchlib.report import (CaseResult, fmt_ratio, fmt_shape, fmt_time,  # noqa: E402
-                             plot, write_json, write_markdown, write_rst)
+                             plot, ratio, write_json, write_markdown, write_rst)
 from benchlib.timing import loadavg, measure, pin, time_loops, usable_cpus  # noqa: E402
 
 FULL_SHAPES: Tuple[Tuple[int, int], ...] = (
@@ -70,6 +72,15 @@ FULL_SHAPES: Tuple[Tuple[int, int], ...] = (
     (1_000_000, 16), (1_000_000, 64),
 )
 QUICK_SHAPES: Tuple[Tuple[int, int], ...] = ((8, 768),)
+#: The rows of the table of the exact parameter-gradient sums' cost
+#: (float32, 1 thread): the LayerNorm backward's shapes and the RMSNorm
+#: backward's, in a full run and with --quick.
+SUMS_COST_SHAPES: Tuple[Tuple[int, int], ...] = (
+    (64, 768), (4096, 768), (4096, 1024), (16384, 4096), (1_000_000, 16), (1_000_000, 64),
+)
+SUMS_COST_RMS_SHAPES: Tuple[Tuple[int, int], ...] = ((4096, 768),)
+QUICK_SUMS_COST_SHAPES: Tuple[Tuple[int, int], ...] = ((64, 64), (256, 512))
+QUICK_SUMS_COST_RMS_SHAPES: Tuple[Tuple[int, int], ...] = ((256, 512),)
 #: layernorm_c's own implementations and the floors: a failure there stops
 #: the run (a peer's failure is only reported).
 OWN = ("floor", "floor_alloc", "lnc", "lnc_out", "lnc_ufunc")
@@ -87,6 +98,8 @@ class Config:
     cpus: Sequence[int]  # the CPUs to pin to, first the 1-thread one
     memory_shape: Tuple[int, int]
     latency_min_time: float
+    #: op name -> the shapes of its rows in the exact sums' table
+    sums_cost_shapes: Dict[str, Sequence[Tuple[int, int]]]
     max_call: float  # seconds: slower implementations (with a probe) are not timed
     quick: bool
     mode: str  # "quick", "full" (the defaults) or "custom"
@@ -244,6 +257,95 @@ def measure_latency(cfg: Config, peers: Peers) -> dict:
     us = {k: times[k] * 1e6 if k in times else None for k in keys}
     return {"shape": list(shape), "dtype": "float32", "us": us,
             "notes": [f"{LABELS.get(k, k)} n/a: {n}" for k, n in notes.items()]}
+
+
+# ---------------------------------------------------------------- cost of the exact sums
+
+#: The ``sums`` argument of the core's private ``_backward`` for each
+#: column: dx only, plain float64 sums in record order (the benchmark's
+#: baseline: order-dependent, never used by the library) and the library's
+#: exact sums.
+SUMS_MODES = {"dx": False, "plain": 2, "exact": True}
+#: Records of at most this many features go through the library's backward
+#: a group of records at a time (the AVX2 level) and through the plain
+#: baseline one at a time: exact/plain there is not the sums' cost.
+GROUPED_D = 64
+
+
+def backward_calls(op, inp: Inputs) -> Dict[str, Callable[[], tuple]]:
+    """The core's backward of ``op`` on ``inp`` with each of :data:`SUMS_MODES`.
+    Each call returns ``(dx, dweight_state, dbias_state)``: no states for
+    dx only, no dbias state for RMSNorm."""
+    rms = not op.centered
+    return {key: partial(lnc._core._backward, inp.dy, inp.x, inp.w, op.eps, None, sums, rms)
+            for key, sums in SUMS_MODES.items()}
+
+
+def plain_sums(state: np.ndarray) -> np.ndarray:
+    """The plain baseline's sums from its state: each feature's last word,
+    the float64 sum an exact state keeps aside for huge terms, where the
+    baseline adds every term (its exact levels stay zero, so
+    :class:`layernorm_c.ExactSum` would read zeros)."""
+    return state[:, -1].view(np.float64)
+
+
+def plain_problem(op, got: Dict[str, tuple]) -> Optional[str]:
+    """Why the plain baseline does not compute what the exact call does (its
+    dx is not dx only's bit for bit, or its sums are further than 1e-6 of
+    the largest from the exact ones), or None. ``got``: each call's result.
+    Raises if the exact call's dx is not dx only's: the library's own."""
+    dx = got["dx"][0]
+    if not np.array_equal(got["exact"][0], dx):
+        raise RuntimeError(f"{op.name} {fmt_shape(dx.shape)}: dx with the exact sums differs "
+                           f"from dx alone")
+    if not np.array_equal(got["plain"][0], dx):
+        return "its dx differs from dx alone"
+    for i, grad in enumerate(op.grads, start=1):  # dweight, and dbias for LayerNorm
+        exact = lnc.ExactSum((dx.shape[1],), got["exact"][i]).value(np.float64)
+        plain = plain_sums(got["plain"][i])
+        off = np.abs(plain - exact).max() / np.abs(exact).max()
+        if not off <= 1e-6:
+            zero = " (it is all zero)" if not plain.any() else ""
+            return (f"its {grad} differs from the exact one by {off:.3g} of the largest exact "
+                    f"value{zero}")
+    return None
+
+
+def sums_cost_row(op, shape: Tuple[int, int], cfg: Config) -> Tuple[dict, Optional[str]]:
+    """One row of the table: the three calls on ``shape`` float32 with the
+    gain, checked (:func:`plain_problem`) then timed side by side; and a
+    note if the plain baseline was not timed."""
+    inp = make_inputs(*float32_data(shape), "float32")
+    calls = backward_calls(op, inp)
+    problem = plain_problem(op, {k: call() for k, call in calls.items()})  # the warm-up calls
+    if problem:
+        del calls["plain"]
+    times = measure(calls, cfg.repeats, cfg.min_time, slow=cfg.max_call or None)
+    seconds = {k: times.get(k) for k in SUMS_MODES}
+    ratios = {"exact/plain": ratio(seconds["exact"], seconds["plain"]),
+              "exact/dx": ratio(seconds["exact"], seconds["dx"])}
+    note = f"{op.name} {fmt_shape(shape)}: plain sums not timed: {problem}" if problem else None
+    return {"op": op.name, "shape": list(shape), "seconds": seconds, "ratios": ratios}, note
+
+
+def measure_sums_cost(cfg: Config, peers: Peers) -> dict:
+    """What the backward's exact parameter-gradient sums cost (issue 10):
+    float32, 1 thread, the core's backward with dx only, with plain float64
+    sums in record order and with the exact sums."""
+    set_threads(1, cfg, peers)
+    rows, notes = [], []
+    for name, shapes in cfg.sums_cost_shapes.items():
+        for shape in shapes:
+            row, note = sums_cost_row(OPS[name], shape, cfg)
+            rows.append(row)
+            notes += [note] if note else []
+    short = [fmt_shape(r["shape"]) for r in rows if r["shape"][1] <= GROUPED_D]
+    if short:
+        notes.append(f"{', '.join(short)}: exact/plain is not the cost of the sums here: the "
+                     f"plain baseline takes records of up to {GROUPED_D} features one at a time, "
+                     f"the library's backward (AVX2 level) a group of records at a time; read "
+                     f"exact/dx only")
+    return {"dtype": "float32", "threads": 1, "rows": rows, "notes": notes}
 
 
 # ---------------------------------------------------------------- memory
@@ -451,6 +553,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "implementations that slow 3 times only (default 0.5; 0: no limit)")
     p.add_argument("--no-memory", action="store_true", help="skip the memory measurement")
     p.add_argument("--no-latency", action="store_true", help="skip the (1, 768) latency table")
+    p.add_argument("--no-sums-cost", action="store_true",
+                   help="skip the table of the exact parameter-gradient sums' cost")
     p.add_argument("--rss-child", help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
@@ -482,6 +586,10 @@ def make_config(args: argparse.Namespace) -> Config:
         cpus=cpus,
         memory_shape=(512, 1024) if quick else (16384, 4096),
         latency_min_time=0.005 if quick else 0.2,
+        sums_cost_shapes={
+            "layer_norm_backward": QUICK_SUMS_COST_SHAPES if quick else SUMS_COST_SHAPES,
+            "rms_norm_backward": QUICK_SUMS_COST_RMS_SHAPES if quick else SUMS_COST_RMS_SHAPES,
+        },
         max_call=args.max_call,
         quick=quick,
         mode="custom" if custom else ("quick" if quick else "full"),
@@ -490,7 +598,7 @@ def make_config(args: argparse.Namespace) -> Config:
 
 def output_paths(args: argparse.Namespace) -> Dict[str, Path]:
     """results.md, results.json, bench_table.inc (layer_norm, latency,
-    memory), bench_<op>.inc per other op and bench.png."""
+    memory, the exact sums' cost), bench_<op>.inc per other op and bench.png."""
     if args.out_dir is None and args.quick:
         args.out_dir = Path(tempfile.mkdtemp(prefix="lnc-bench-"))
     if args.out_dir is not None:
@@ -509,7 +617,7 @@ def output_paths(args: argparse.Namespace) -> Dict[str, Path]:
 
 
 def run(cfg: Config, paths: Dict[str, Path], with_memory: bool = True,
-        with_latency: bool = True, log=print) -> dict:
+        with_latency: bool = True, with_sums_cost: bool = True, log=print) -> dict:
     """Run every measurement and write every output; restores the thread
     settings, the CPU affinity and JAX's x64 mode."""
     start = time.perf_counter()
@@ -526,6 +634,7 @@ def run(cfg: Config, paths: Dict[str, Path], with_memory: bool = True,
         try:
             results = run_cases(cfg, peers, log)
             latency = measure_latency(cfg, peers) if with_latency else None
+            sums_cost = measure_sums_cost(cfg, peers) if with_sums_cost else None
             pin(affinity)
             memory = measure_memory(cfg, peers) if with_memory else None
         finally:
@@ -537,11 +646,12 @@ def run(cfg: Config, paths: Dict[str, Path], with_memory: bool = True,
         peers.close()
     info["loadavg_end"] = loadavg()
     info["run_seconds"] = round(time.perf_counter() - start, 1)
-    write_markdown(paths["md"], info, cfg, results, memory, latency)
-    write_rst(paths, info, cfg, results, memory, latency)
-    write_json(paths["json"], info, cfg, results, memory, latency)
+    write_markdown(paths["md"], info, cfg, results, memory, latency, sums_cost)
+    write_rst(paths, info, cfg, results, memory, latency, sums_cost)
+    write_json(paths["json"], info, cfg, results, memory, latency, sums_cost)
     plot(paths["png"], results)
-    return {"info": info, "results": results, "memory": memory, "latency": latency}
+    return {"info": info, "results": results, "memory": memory, "latency": latency,
+            "sums_cost": sums_cost}
 
 
 def main(argv=None) -> int:
@@ -551,7 +661,8 @@ def main(argv=None) -> int:
         print(json.dumps(rss_child(spec["impl"], tuple(spec["shape"]))))
         return 0
     cfg, paths = make_config(args), output_paths(args)
-    out = run(cfg, paths, with_memory=not args.no_memory, with_latency=not args.no_latency)
+    out = run(cfg, paths, with_memory=not args.no_memory, with_latency=not args.no_latency,
+              with_sums_cost=not args.no_sums_cost)
     print()
     print(paths["md"].read_text(encoding="utf-8"))
     print("Wrote: " + ", ".join(str(p) for p in paths.values()))

@@ -7,6 +7,7 @@ never timed; never how fast anything was.
 """
 import importlib.util
 import json
+import math
 import os
 import shutil
 import sys
@@ -92,10 +93,12 @@ def test_quick_run_writes_every_table_and_the_plot(bench, quick):
     dtypes, threads = _dtypes_run(bench), bench.parse_threads("1,all")
     per_op = len(bench.QUICK_SHAPES) * len(dtypes) * len(threads)
     assert len(data["cases"]) == per_op * len(bench.OPS)
-    # Each case: one row in its op's ratio table and one in its medians table.
-    assert len(_table_lines(md)) == 2 * len(data["cases"])
+    # Each case: one row in its op's ratio table and one in its medians
+    # table; then the rows of the exact sums' table (in bench_table.inc too).
+    sums_rows = len(data["sums_cost"]["rows"])
+    assert len(_table_lines(md)) == 2 * len(data["cases"]) + sums_rows
     for op, text in rst.items():
-        assert text.count("   * - (") == per_op
+        assert text.count("   * - (") == per_op + (sums_rows if op == "layer_norm" else 0)
         for shape in bench.QUICK_SHAPES:
             assert bench.fmt_shape(shape) in text
         for dtype in dtypes:
@@ -116,6 +119,35 @@ def test_quick_run_writes_every_table_and_the_plot(bench, quick):
                 assert worst <= 1, (case, key)
     assert data["latency"]["us"]["lnc"] > 0 and data["latency"]["us"]["lnc_ufunc"] > 0
     assert data["memory"]["rows"]["lnc"]["traced"] is not None
+    _check_sums_cost(bench, data["sums_cost"], md, rst["layer_norm"])
+
+
+def _check_sums_cost(bench, sums_cost, md, rst):
+    """The exact sums' table of a --quick run: every row in results.md, in
+    bench_table.inc and in results.json, with positive times and finite
+    ratios; the plain baseline timed for LayerNorm, or the table says why
+    not (RMSNorm's)."""
+    title = "Exact parameter-gradient sums: cost against plain float64 sums (float32, 1 thread)"
+    assert f"## {title}" in md and f".. list-table:: {title}" in rst
+    assert "| shape | op | dx only | plain sums | exact sums | exact/plain | exact/dx only |" in md
+    expected = [(op, list(shape)) for op, shapes in
+                (("layer_norm_backward", bench.QUICK_SUMS_COST_SHAPES),
+                 ("rms_norm_backward", bench.QUICK_SUMS_COST_RMS_SHAPES)) for shape in shapes]
+    assert [(r["op"], r["shape"]) for r in sums_cost["rows"]] == expected
+    for row in sums_cost["rows"]:
+        cells = f"| {bench.fmt_shape(row['shape'])} | {row['op']} | "
+        assert cells in md and md.count(cells) == 1, row
+        seconds, ratios = row["seconds"], row["ratios"]
+        assert seconds["dx"] > 0 and seconds["exact"] > 0, row
+        assert math.isfinite(ratios["exact/dx"]) and ratios["exact/dx"] > 0, row
+        if row["op"] == "layer_norm_backward" or seconds["plain"] is not None:
+            assert seconds["plain"] > 0 and math.isfinite(ratios["exact/plain"]), row
+        else:
+            assert ratios["exact/plain"] is None
+            assert any(n.startswith(f"{row['op']} {bench.fmt_shape(row['shape'])}: plain sums "
+                                    f"not timed") for n in sums_cost["notes"]), row
+    # (64, 64): records the plain baseline takes one at a time; the note says so.
+    assert any("(64, 64)" in n and "exact/dx only" in n for n in sums_cost["notes"])
 
 
 @pytest.mark.parametrize("peer", ["torch", "onnxruntime", "openvino", "jax"])
@@ -172,18 +204,47 @@ def test_loading_openvino_sends_no_telemetry():
 def test_a_selection_runs_only_what_was_asked(bench, tmp_path):
     data = _run_quick(bench, tmp_path, "--ops", "layer_norm_backward", "--dtypes", "float64",
                       "--shapes", "5x48", "--peers", "numpy", "--threads", "1",
-                      "--no-memory", "--no-latency")
+                      "--no-memory", "--no-latency", "--no-sums-cost")
     assert [(c["op"], c["shape"], c["dtype"], c["threads"]) for c in data["cases"]] == [
         ("layer_norm_backward", [5, 48], "float64", 1)]
     assert set(data["cases"][0]["seconds"]) == {"floor", "floor_alloc", "lnc", "numpy"}
     assert data["config"]["mode"] == "custom"
     assert "not measured in this run" in (tmp_path / "bench_rms_norm.inc").read_text("utf-8")
-    assert data["memory"] is None and data["latency"] is None
+    assert data["memory"] is None and data["latency"] is None and data["sums_cost"] is None
+    assert "Exact parameter-gradient sums" not in (tmp_path / "results.md").read_text("utf-8")
 
 
 def _inputs(bench, op, shape=(8, 32), dtype="float32"):
     inp = bench.make_inputs(*bench.float32_data(shape), dtype)
     return inp, bench.reference(bench.OPS[op], inp)
+
+
+def test_the_sums_cost_baseline_is_checked_before_it_is_timed(bench):
+    """The exact sums' table times the plain baseline only where its dx is
+    the dx-only call's and its sums are the exact ones up to rounding; the
+    exact call's dx differing from dx alone stops the run."""
+    op = bench.OPS["layer_norm_backward"]
+    inp = bench.make_inputs(*bench.float32_data((300, 96)), "float32")
+    got = {k: call() for k, call in bench.backward_calls(op, inp).items()}
+    assert got["dx"][1] is None and got["dx"][2] is None
+    assert bench.plain_problem(op, got) is None
+    dweight = lnc.layer_norm_backward(inp.dy, inp.x, inp.w, op.eps).dweight
+    np.testing.assert_allclose(bench.plain_sums(got["plain"][1]), dweight, rtol=1e-5)
+
+    def changed(key, i, fn):
+        result = list(got[key])
+        result[i] = fn(result[i].copy())
+        return dict(got, **{key: tuple(result)})
+
+    def off_by(state):  # the plain dbias of the last feature, a little off
+        state[-1, -1] = np.float64(bench.plain_sums(state)[-1] + 0.01).view(np.uint64)
+        return state
+
+    assert "dbias differs" in bench.plain_problem(op, changed("plain", 2, off_by))
+    assert "(it is all zero)" in bench.plain_problem(op, changed("plain", 1, np.zeros_like))
+    assert "dx differs" in bench.plain_problem(op, changed("plain", 0, np.negative))
+    with pytest.raises(RuntimeError, match="dx with the exact sums"):
+        bench.plain_problem(op, changed("exact", 0, np.negative))
 
 
 def test_a_wrong_or_failing_peer_is_reported_not_timed(bench):
@@ -333,6 +394,9 @@ def test_command_line_parsers(bench):
     assert full.mode == "full" and list(full.ops) == list(bench.OPS)
     assert full.peers == list(bench.PEERS) and list(full.dtypes) == list(bench.DTYPES)
     assert (16384, 4096) in full.shapes and (1_000_000, 64) in full.shapes
+    assert full.sums_cost_shapes == {"layer_norm_backward": bench.SUMS_COST_SHAPES,
+                                     "rms_norm_backward": bench.SUMS_COST_RMS_SHAPES}
+    assert (1_000_000, 16) in bench.SUMS_COST_SHAPES and (4096, 768) in bench.SUMS_COST_SHAPES
     assert "torch" not in bench.make_config(bench.parse_args(["--no-torch"])).peers
     assert bench.make_config(bench.parse_args(["--peers", "jax,numpy"])).peers == ["jax", "numpy"]
     for bad in (["--ops", "layer_nrm"], ["--dtypes", "int8"], ["--peers", "tensorflow"],
