@@ -162,9 +162,8 @@
 #if defined(LN_BACK_SUMS_F32)
 #define LN_BACK_SUMS_ROWS LN_BACK_SUMS_F32
 #endif
-#if defined(LN_BACK_GROUP_TERMS_F32)
-#define LN_BACK_GROUP_TERMS LN_BACK_GROUP_TERMS_F32
-#define LN_BACK_GROUP_APPLY LN_BACK_GROUP_APPLY_F32
+#if defined(LN_BACK_GROUP_F32)
+#define LN_BACK_GROUP_LOOP LN_BACK_GROUP_F32
 #endif
 #if defined(LN_SHIFTED_SQUARES_F32)
 #define LN_SHIFTED_SQUARES_ROWS LN_SHIFTED_SQUARES_F32
@@ -194,8 +193,7 @@
 #define LN_WIDE(f) f##_f32_wide
 #define LN_OPS(f) f##_f32
 #include "ln_ops.h"
-#undef LN_BACK_GROUP_TERMS
-#undef LN_BACK_GROUP_APPLY
+#undef LN_BACK_GROUP_LOOP
 #undef LN_CORE
 #undef LN_WIDE
 #undef LN_OPS

@@ -674,7 +674,7 @@ static size_t LN_OPS(back_stream_from)(const ln_rows *r, const LN_S *dx)
 /* dx of a group's prepared records, chunk by chunk, then their deposits
  * counted (all of them before a spill: ln_acc_count). A streamed record's
  * chunks start at its first aligned element. */
-#if defined(LN_BACK_GROUP_TERMS)
+#if defined(LN_BACK_GROUP_LOOP)
 /* The terms of a group's records, features [i0, i1), together (the
  * level's loops, ln_x86.h), on three levels when any of them needs them
  * (a term below LN_ACC_SMALL puts 0 on the top level: the same sums; the
@@ -698,10 +698,7 @@ static void LN_OPS(group_terms)(const ln_rows *r, const LN_OPS(back_prep) *p, si
     }
     ln_group_rows g = {.x = x, .dy = dy, .dx = dx, .w = r->w, .hi = hi, .r = rs, .c = off,
                        .a = a, .bm = bm};
-    if (apply)
-        LN_BACK_GROUP_APPLY(&g, m, i0, i1, r->dw->sum, r->db->sum, levels);
-    else
-        LN_BACK_GROUP_TERMS(&g, m, i0, i1, r->dw->sum, r->db->sum, levels);
+    LN_BACK_GROUP_LOOP(&g, m, i0, i1, r->dw->sum, r->db->sum, levels, apply);
 }
 #endif
 
@@ -721,7 +718,7 @@ static void LN_OPS(back_finish)(const ln_rows *r, const LN_OPS(back_prep) *p, si
      * RMSNorm's, dweight's alone, gained nothing. */
     int grouped = 0, apply = 0, levels = 2;
     (void)levels;
-#if defined(LN_BACK_GROUP_TERMS)
+#if defined(LN_BACK_GROUP_LOOP)
     size_t streamed = 0;
     grouped = r->dw != NULL && r->db != NULL;
     for (size_t j = 0; j < m; j++) {
@@ -748,7 +745,7 @@ static void LN_OPS(back_finish)(const ln_rows *r, const LN_OPS(back_prep) *p, si
                 LN_CORE(back_output_span)(p[j].x, p[j].dy, p[j].dx, i0, i1, r->w, &p[j].c,
                                           dw, db, p[j].path, stream);
         }
-#if defined(LN_BACK_GROUP_TERMS)
+#if defined(LN_BACK_GROUP_LOOP)
         if (grouped)
             LN_OPS(group_terms)(r, p, m, c0, c1, levels, apply);
 #endif
@@ -946,7 +943,7 @@ static int LN_OPS(back_all)(const ln_rows *r, int rms)
     int status = LN_OK;
     double w_max = r->w_max; /* the batch layer's bound on |w| */
     size_t group = r->d > LN_BACK_CHUNK ? LN_BACK_GROUP : 1;
-#if defined(LN_BACK_GROUP_TERMS)
+#if defined(LN_BACK_GROUP_LOOP)
     group = LN_BACK_GROUP; /* records in the caches are grouped too (back_finish) */
 #endif
     LN_OPS(back_prep) p[LN_BACK_GROUP];

@@ -1312,25 +1312,20 @@ ln_back_group_nv(const ln_group_rows *g, size_t m, size_t i0, size_t i1, uint64_
         }
 }
 
-static void ln_back_group_terms_avx2(const ln_group_rows *g, size_t m, size_t i0, size_t i1,
-                                     uint64_t *const *sw, uint64_t *const *sb, int levels)
+/* One copy of the loop per (levels, apply), each with constants. */
+static void ln_back_group_avx2(const ln_group_rows *g, size_t m, size_t i0, size_t i1,
+                               uint64_t *const *sw, uint64_t *const *sb, int levels, int apply)
 {
-    if (levels == 3)
+    if (apply && levels == 3)
+        ln_back_group_nv(g, m, i0, i1, sw, sb, 3, 1);
+    else if (apply)
+        ln_back_group_nv(g, m, i0, i1, sw, sb, 2, 1);
+    else if (levels == 3)
         ln_back_group_nv(g, m, i0, i1, sw, sb, 3, 0);
     else
         ln_back_group_nv(g, m, i0, i1, sw, sb, 2, 0);
 }
-
-static void ln_back_group_apply_avx2(const ln_group_rows *g, size_t m, size_t i0, size_t i1,
-                                     uint64_t *const *sw, uint64_t *const *sb, int levels)
-{
-    if (levels == 3)
-        ln_back_group_nv(g, m, i0, i1, sw, sb, 3, 1);
-    else
-        ln_back_group_nv(g, m, i0, i1, sw, sb, 2, 1);
-}
-#define LN_BACK_GROUP_TERMS_F32 ln_back_group_terms_avx2
-#define LN_BACK_GROUP_APPLY_F32 ln_back_group_apply_avx2
+#define LN_BACK_GROUP_F32 ln_back_group_avx2
 #endif
 
 #define LN_LOAD_ROW_F16 ln_load_row_f16
