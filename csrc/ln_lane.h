@@ -1302,13 +1302,14 @@ static void LN_FN(back_apply)(const LN_S *x, const LN_S *dy, LN_S *dx, size_t n,
  * (d up to 64) were 10-15% slower, and keep the record path.
  */
 typedef struct {
-    LN_T x[2 * LN_LANES][LN_SHORT_GROUP]; /* group_lanes' layout; one lane row used */
-    LN_T dy[LN_LANES][LN_SHORT_GROUP];
-    LN_T dyr[LN_SHORT_GROUP][2 * LN_LANES]; /* dy in rows, for the deposits */
+    LN_T dyr[LN_SHORT_GROUP][2 * LN_LANES]; /* dy in rows */
 #if defined(LN_SHORT_BACK_SUMS_ROWS)
     LN_T xr[LN_SHORT_GROUP][2 * LN_LANES]; /* x in rows, for the level's loops */
     const char *xs, *dys;                   /* the rows the level's loops read */
     ptrdiff_t xs_row, dys_row;
+#else
+    LN_T x[2 * LN_LANES][LN_SHORT_GROUP]; /* group_lanes' layout; one lane row used */
+    LN_T dy[LN_LANES][LN_SHORT_GROUP];
 #endif
     ln_back_group_sums s;
     LN_T m0[LN_SHORT_GROUP]; /* the shift of the sums */
@@ -1360,8 +1361,7 @@ LN_ALWAYS_INLINE void LN_FN(back_group_sums)(LN_FN(back_group) *bg, const char *
     }
     LN_SHORT_BACK_SUMS_ROWS(bg->xs, bg->xs_row, bg->dys, bg->dys_row, n, d, wp, given, rms,
                             &bg->s, bg->m0);
-    return;
-#endif
+#else
     LN_T rows[LN_SHORT_GROUP][2 * LN_LANES];
     LN_FN(group_load)(rows, x, x_row, n, d, w);
     LN_FN(group_load)(bg->dyr, dy, dy_row, n, d, w);
@@ -1406,6 +1406,7 @@ LN_ALWAYS_INLINE void LN_FN(back_group_sums)(LN_FN(back_group) *bg, const char *
         bg->s.max_dy[k] = mdy[k];
         bg->s.max_t[k] = mt[k];
     }
+#endif
 }
 
 /* A group's level sums (sw of dw's terms, sb of db's, of LN_SHORT_GROUP
@@ -1496,8 +1497,7 @@ LN_ALWAYS_INLINE void LN_FN(back_group_output)(const LN_FN(back_group) *bg, char
                 LN_FN(group_store_row)((LN_S *)(dx + (ptrdiff_t)k * dx_row), out[k], d, w);
     if (dw || db)
         LN_FN(back_group_commit)(sw, sb, d, dw, db, levels);
-    return;
-#endif
+#else
     LN_T o[LN_LANES][LN_SHORT_GROUP], xh[LN_LANES][LN_SHORT_GROUP];
     for (size_t j = 0; j < w; j++)
         for (size_t k = 0; k < LN_SHORT_GROUP; k++) {
@@ -1513,4 +1513,5 @@ LN_ALWAYS_INLINE void LN_FN(back_group_output)(const LN_FN(back_group) *bg, char
             LN_FN(group_store_row)((LN_S *)(dx + (ptrdiff_t)k * dx_row), rows[k], d, w);
     if (dw || db)
         LN_FN(back_group_deposit)(bg->dyr, xr, d, keep, dw, db, levels);
+#endif
 }
