@@ -731,7 +731,6 @@ static void LN_OPS(back_finish)(const ln_rows *r, const LN_OPS(back_prep) *p, si
 #endif
     ln_acc *dw = grouped ? NULL : r->dw, *db = grouped ? NULL : r->db;
     for (size_t c0 = 0; c0 < d; c0 += LN_BACK_CHUNK) {
-        size_t c1 = c0 + LN_BACK_CHUNK < d ? c0 + LN_BACK_CHUNK : d;
         for (size_t j = 0; j < m && !apply; j++) {
             int stream = from[j] < d;
             size_t shift = stream ? from[j] : 0, i0 = c0 ? shift + c0 : 0;
@@ -747,9 +746,9 @@ static void LN_OPS(back_finish)(const ln_rows *r, const LN_OPS(back_prep) *p, si
         }
 #if defined(LN_BACK_GROUP_LOOP)
         if (grouped)
-            LN_OPS(group_terms)(r, p, m, c0, c1, levels, apply);
+            LN_OPS(group_terms)(r, p, m, c0, c0 + LN_BACK_CHUNK < d ? c0 + LN_BACK_CHUNK : d,
+                                levels, apply);
 #endif
-        (void)c1;
     }
     for (size_t j = 0; j < m; j++) {
         if (!grouped) {
@@ -942,9 +941,10 @@ static int LN_OPS(back_all)(const ln_rows *r, int rms)
 #endif
     int status = LN_OK;
     double w_max = r->w_max; /* the batch layer's bound on |w| */
-    size_t group = r->d > LN_BACK_CHUNK ? LN_BACK_GROUP : 1;
 #if defined(LN_BACK_GROUP_LOOP)
-    group = LN_BACK_GROUP; /* records in the caches are grouped too (back_finish) */
+    size_t group = LN_BACK_GROUP; /* records in the caches are grouped too (back_finish) */
+#else
+    size_t group = r->d > LN_BACK_CHUNK ? LN_BACK_GROUP : 1;
 #endif
     LN_OPS(back_prep) p[LN_BACK_GROUP];
     for (size_t k0 = 0; k0 < r->n; k0 += group) {
