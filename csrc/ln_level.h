@@ -212,9 +212,13 @@
 #define LN_LOAD_PART LN_LOAD_PART_F64
 #define LN_STORE_PART LN_STORE_PART_F64
 #endif
+#if defined(LN_SHIFTED_SQUARES_F64)
+#define LN_SHIFTED_SQUARES_ROWS LN_SHIFTED_SQUARES_F64
+#endif
 #include "ln_instance.h"
 #undef LN_LOAD_PART
 #undef LN_STORE_PART
+#undef LN_SHIFTED_SQUARES_ROWS
 #define LN_CORE(f) f##_f64
 #define LN_OPS(f) f##_f64
 #include "ln_ops.h"
