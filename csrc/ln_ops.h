@@ -162,28 +162,31 @@ static int LN_OPS(ln_output)(const LN_S *x, LN_S *y, size_t d, const LN_P *w,
  *                                 prefetched while this one is computed;
  *   up to LN_PAIR_MAX_ROW_BYTES   pairs, no prefetch ((64, 768) 5-15%
  *                                 faster than one at a time);
- *   up to LN_PREFETCH_MAX_ROW_BYTES  one at a time, the next row
- *                                 prefetched (float16 (16384, 4096) from
- *                                 memory is 7-15% slower without);
  *   larger                        one at a time, no prefetch of the
- *                                 whole next row (float32 (16384, 4096)
- *                                 18% slower): the hardware prefetcher
- *                                 follows the rows.
+ *                                 whole next row: the hardware prefetcher
+ *                                 follows the rows. (Rows of 4 to 8 KiB
+ *                                 were prefetched whole, for float16
+ *                                 (16384, 4096) from memory, before large
+ *                                 calls asked for the next group's rows
+ *                                 themselves. Without it, 1 thread:
+ *                                 float64 (64, 768) 0.81-0.84x the time,
+ *                                 float32 (64, 2000) 0.85x, from memory
+ *                                 float32 (1000, 1536) 0.86-0.88x, float16
+ *                                 (800, 3500) 0.89x, float16 (16384,
+ *                                 4096) and float64 (16384, 768) level.)
  * From LN_GROUP_MAX_ROW_BYTES, large calls ask for the next group's rows
  * a lane row at a time instead (record_ahead). */
 #ifndef LN_GROUP
 #define LN_GROUP 8
 #define LN_GROUP_MAX_ROW_BYTES 1024
 #define LN_PAIR_MAX_ROW_BYTES 4096
-#define LN_PREFETCH_MAX_ROW_BYTES 8192
 #endif
 
 /* Records per group for rows of `row` bytes, and whether the next group
  * is prefetched. */
 static size_t LN_OPS(group_size)(size_t row, int *prefetch)
 {
-    *prefetch = row <= LN_GROUP_MAX_ROW_BYTES ||
-                (row > LN_PAIR_MAX_ROW_BYTES && row <= LN_PREFETCH_MAX_ROW_BYTES);
+    *prefetch = row <= LN_GROUP_MAX_ROW_BYTES;
     if (row <= LN_GROUP_MAX_ROW_BYTES)
         return LN_GROUP;
     return row <= LN_PAIR_MAX_ROW_BYTES ? 2 : 1;
