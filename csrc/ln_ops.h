@@ -158,35 +158,29 @@ static int LN_OPS(ln_output)(const LN_S *x, LN_S *y, size_t d, const LN_P *w,
  * divide); with several independent chains side by side the CPU overlaps
  * them. The group's rows stay in L1 between the two steps. By row size
  * (measured, float32/float16/float64, 1 thread):
- *   up to LN_GROUP_MAX_ROW_BYTES  groups of LN_GROUP, the next group
- *                                 prefetched while this one is computed;
- *   up to LN_PAIR_MAX_ROW_BYTES   pairs, no prefetch ((64, 768) 5-15%
- *                                 faster than one at a time);
- *   larger                        one at a time, no prefetch of the
- *                                 whole next row: the hardware prefetcher
- *                                 follows the rows. (Rows of 4 to 8 KiB
- *                                 were prefetched whole, for float16
- *                                 (16384, 4096) from memory, before large
- *                                 calls asked for the next group's rows
- *                                 themselves. Without it, 1 thread:
- *                                 float64 (64, 768) 0.81-0.84x the time,
- *                                 float32 (64, 2000) 0.85x, from memory
- *                                 float32 (1000, 1536) 0.86-0.88x, float16
- *                                 (800, 3500) 0.89x, float16 (16384,
- *                                 4096) and float64 (16384, 768) level.)
+ *   up to LN_GROUP_MAX_ROW_BYTES  groups of LN_GROUP;
+ *   up to LN_PAIR_MAX_ROW_BYTES   pairs ((64, 768) 5-15% faster than
+ *                                 one at a time);
+ *   larger                        one at a time.
+ * No group asks for the next one's rows ahead (the hardware prefetcher
+ * follows the rows): groups of LN_GROUP did, and rows of 4 to 8 KiB
+ * asked for the whole next row, until measured without, 1 thread:
+ * float32 (300000, 100) 0.79-0.80x the time, (200000, 256) 0.93-0.94x,
+ * (4096, 256) 0.92-0.93x, float16 (200000, 256) 0.95-0.96x, float64
+ * (100000, 128) 0.94-0.97x; float64 (64, 768) 0.81-0.84x, float32
+ * (64, 2000) 0.85x, (1000, 1536) from memory 0.86-0.88x; float16
+ * (16384, 4096), float64 (16384, 768), float32 (8192, 2048) level.
  * From LN_GROUP_MAX_ROW_BYTES, large calls ask for the next group's rows
- * a lane row at a time instead (record_ahead). */
+ * a lane row at a time as they write (record_ahead). */
 #ifndef LN_GROUP
 #define LN_GROUP 8
 #define LN_GROUP_MAX_ROW_BYTES 1024
 #define LN_PAIR_MAX_ROW_BYTES 4096
 #endif
 
-/* Records per group for rows of `row` bytes, and whether the next group
- * is prefetched. */
-static size_t LN_OPS(group_size)(size_t row, int *prefetch)
+/* Records per group for rows of `row` bytes. */
+static size_t LN_OPS(group_size)(size_t row)
 {
-    *prefetch = row <= LN_GROUP_MAX_ROW_BYTES;
     if (row <= LN_GROUP_MAX_ROW_BYTES)
         return LN_GROUP;
     return row <= LN_PAIR_MAX_ROW_BYTES ? 2 : 1;
@@ -230,8 +224,7 @@ static int LN_OPS(record_stats)(const ln_rows *r, size_t k, int rms)
  * measured again. */
 static const void *LN_OPS(record_ahead)(const ln_rows *r, size_t k)
 {
-    int prefetch;
-    size_t row = r->d * sizeof(LN_S), group = LN_OPS(group_size)(row, &prefetch);
+    size_t row = r->d * sizeof(LN_S), group = LN_OPS(group_size)(row);
     if (!r->ahead || row <= LN_GROUP_MAX_ROW_BYTES || k + group >= r->n)
         return NULL;
     return (const char *)r->x + (ptrdiff_t)(k + group) * r->x_row;
@@ -380,14 +373,10 @@ static int LN_OPS(norm_rows)(const ln_rows *r, int rms)
     if (LN_CORE(is_short)(r->d))
         return LN_OPS(norm_short_rows)(r, rms);
 #endif
-    int status = LN_OK, prefetch;
-    size_t group = LN_OPS(group_size)(r->d * sizeof(LN_S), &prefetch);
+    int status = LN_OK;
+    size_t group = LN_OPS(group_size)(r->d * sizeof(LN_S));
     for (size_t k0 = 0; k0 < r->n; k0 += group) {
         size_t k1 = r->n - k0 < group ? r->n : k0 + group;
-        /* the next group's rows, while this one is computed */
-        if (prefetch && k1 < r->n && !LN_OPS(record_ahead)(r, k0))
-            ln_prefetch((const char *)r->x + (ptrdiff_t)k1 * r->x_row,
-                        (k1 + group <= r->n ? group : r->n - k1) * r->d * sizeof(LN_S));
         for (size_t k = k0; k < k1; k++)
             if (LN_OPS(record_stats)(r, k, rms) != LN_OK)
                 return LN_ENOMEM;
