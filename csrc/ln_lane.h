@@ -1035,7 +1035,7 @@ static void LN_FN(back_sums)(const LN_S *x, const LN_S *dy, const LN_P *restrict
     double tot[4][LN_LANES]; /* every lane written by its part */
 #if defined(LN_BACK_SUMS_ROWS)
     /* The level's own loop (ln_x86.h), in the same order. */
-    float max_dy, max_t;
+    LN_T max_dy, max_t;
     LN_BACK_SUMS_ROWS(x, dy, w, d, m0, tot, &max_dy, &max_t);
     s->max_dy = max_dy;
     s->max_t = max_t;

@@ -215,10 +215,14 @@
 #if defined(LN_SHIFTED_SQUARES_F64)
 #define LN_SHIFTED_SQUARES_ROWS LN_SHIFTED_SQUARES_F64
 #endif
+#if defined(LN_BACK_SUMS_F64)
+#define LN_BACK_SUMS_ROWS LN_BACK_SUMS_F64
+#endif
 #include "ln_instance.h"
 #undef LN_LOAD_PART
 #undef LN_STORE_PART
 #undef LN_SHIFTED_SQUARES_ROWS
+#undef LN_BACK_SUMS_ROWS
 #define LN_CORE(f) f##_f64
 #define LN_OPS(f) f##_f64
 #include "ln_ops.h"

@@ -604,6 +604,108 @@ static void ln_back_sums_bf16(const uint16_t *x, const uint16_t *dy, const float
 {
     ln_back_sums_rows(x, dy, w, d, m0, tot, max_dy, max_t, LN_ROWS_BF16);
 }
+
+/*
+ * The same for float64 rows, whose block lanes are double: eight lanes a
+ * part (two registers for each of the four sums; sixteen would take all
+ * sixteen registers), each part over the whole record, its block lanes
+ * added to the totals in memory once per block, in line. The lane form
+ * flushed them through an out-of-line call with its lanes on the stack
+ * (about a third of a float64 (64, 768) backward went to these sums).
+ * The same operations in the same order for every lane: the same bits.
+ */
+typedef struct {
+    __m256d l[4];
+} ln_back_lanes4d;
+
+/* One element per lane: ln_lane.h's back_sums_step. */
+static inline void ln_back_step4d(ln_back_lanes4d *s, __m256d *mdy, __m256d *mt, __m256d xv,
+                                  __m256d dyv, __m256d wv, __m256d m0)
+{
+    const __m256d abs_mask = _mm256_castsi256_pd(_mm256_set1_epi64x(0x7fffffffffffffffLL));
+    __m256d t = _mm256_sub_pd(xv, m0), g = _mm256_mul_pd(dyv, wv);
+    s->l[0] = _mm256_add_pd(s->l[0], t);
+    s->l[1] = _mm256_fmadd_pd(t, t, s->l[1]);
+    s->l[2] = _mm256_add_pd(s->l[2], g);
+    s->l[3] = _mm256_fmadd_pd(g, t, s->l[3]);
+    *mdy = _mm256_max_pd(_mm256_and_pd(dyv, abs_mask), *mdy);
+    *mt = _mm256_max_pd(_mm256_and_pd(t, abs_mask), *mt);
+}
+
+/* The first n < 4 lanes take their element (nothing past n read), the
+ * others keep what they had. */
+static inline void ln_back_step4d_first(ln_back_lanes4d *s, __m256d *mdy, __m256d *mt,
+                                        const double *x, const double *dy, const double *w,
+                                        size_t n, __m256d m0)
+{
+    __m256i take = _mm256_cmpgt_epi64(_mm256_set1_epi64x((long long)n),
+                                      _mm256_setr_epi64x(0, 1, 2, 3));
+    __m256d m = _mm256_castsi256_pd(take);
+    ln_back_lanes4d next = *s;
+    __m256d ndy = *mdy, nt = *mt;
+    ln_back_step4d(&next, &ndy, &nt, _mm256_maskload_pd(x, take), _mm256_maskload_pd(dy, take),
+                   _mm256_maskload_pd(w, take), m0);
+    for (int q = 0; q < 4; q++)
+        s->l[q] = _mm256_blendv_pd(s->l[q], next.l[q], m);
+    *mdy = _mm256_blendv_pd(*mdy, ndy, m);
+    *mt = _mm256_blendv_pd(*mt, nt, m);
+}
+
+/* End of a block: four block lanes into their totals. */
+static inline void ln_back_flush4d(double tot[4][LN_LANES], size_t j, const ln_back_lanes4d *s)
+{
+    for (int q = 0; q < 4; q++)
+        _mm256_storeu_pd(tot[q] + j, _mm256_add_pd(_mm256_loadu_pd(tot[q] + j), s->l[q]));
+}
+
+static inline double ln_hmax4d(__m256d v)
+{
+    __m128d m = _mm_max_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd(v, 1));
+    return _mm_cvtsd_f64(_mm_max_sd(m, _mm_unpackhi_pd(m, m)));
+}
+
+static void ln_back_sums_f64(const double *x, const double *dy, const double *w, size_t d,
+                             double m0, double tot[4][LN_LANES], double *max_dy, double *max_t)
+{
+    const __m256d vm0 = _mm256_set1_pd(m0);
+    __m256d mdy = _mm256_setzero_pd(), mt = _mm256_setzero_pd();
+    memset(tot, 0, 4 * LN_LANES * sizeof(double));
+    for (size_t j0 = 0; j0 < LN_LANES; j0 += 8) {
+        for (size_t i = 0; i < d;) {
+            size_t end = d - i > LN_BLOCK ? i + LN_BLOCK : d;
+            ln_back_lanes4d a = {{_mm256_setzero_pd(), _mm256_setzero_pd(),
+                                  _mm256_setzero_pd(), _mm256_setzero_pd()}};
+            ln_back_lanes4d b = a;
+            for (; i + LN_LANES <= end; i += LN_LANES) {
+                size_t k = i + j0;
+                ln_back_step4d(&a, &mdy, &mt, _mm256_loadu_pd(x + k), _mm256_loadu_pd(dy + k),
+                               _mm256_loadu_pd(w + k), vm0);
+                ln_back_step4d(&b, &mdy, &mt, _mm256_loadu_pd(x + k + 4),
+                               _mm256_loadu_pd(dy + k + 4), _mm256_loadu_pd(w + k + 4), vm0);
+            }
+            if (i + j0 < end) { /* the partial lane row at the record's end */
+                size_t k = i + j0, n = end - k;
+                if (n >= 4)
+                    ln_back_step4d(&a, &mdy, &mt, _mm256_loadu_pd(x + k), _mm256_loadu_pd(dy + k),
+                                   _mm256_loadu_pd(w + k), vm0);
+                else
+                    ln_back_step4d_first(&a, &mdy, &mt, x + k, dy + k, w + k, n, vm0);
+                if (n >= 8)
+                    ln_back_step4d(&b, &mdy, &mt, _mm256_loadu_pd(x + k + 4),
+                                   _mm256_loadu_pd(dy + k + 4), _mm256_loadu_pd(w + k + 4), vm0);
+                else if (n > 4)
+                    ln_back_step4d_first(&b, &mdy, &mt, x + k + 4, dy + k + 4, w + k + 4, n - 4,
+                                         vm0);
+            }
+            ln_back_flush4d(tot, j0, &a);
+            ln_back_flush4d(tot, j0 + 4, &b);
+            i = end;
+        }
+    }
+    *max_dy = ln_hmax4d(mdy);
+    *max_t = ln_hmax4d(mt);
+}
+#define LN_BACK_SUMS_F64 ln_back_sums_f64
 _Static_assert(LN_LANES % 16 == 0 && LN_BLOCK % LN_LANES == 0,
                "back sums take lanes 16 at a time, blocks of whole lane rows");
 #define LN_BACK_SUMS_F32 ln_back_sums_f32
