@@ -608,8 +608,11 @@ static void ln_back_sums_bf16(const uint16_t *x, const uint16_t *dy, const float
 /*
  * The same for float64 rows, whose block lanes are double: eight lanes a
  * part (two registers for each of the four sums; sixteen would take all
- * sixteen registers), each part over the whole record, its block lanes
- * added to the totals in memory once per block, in line. The lane form
+ * sixteen registers), the four parts of a block one after the other (the
+ * block's lines, missed by every part, are asked for close together:
+ * (4096, 768) 0.90-0.94x the time of each part over the whole record,
+ * (100, 5000) 0.71-0.89x), each part's block lanes added to the totals in
+ * memory, in line. The lane form
  * flushed them through an out-of-line call with its lanes on the stack
  * (about a third of a float64 (64, 768) backward went to these sums).
  * The same operations in the same order for every lane: the same bits.
@@ -670,9 +673,10 @@ static void ln_back_sums_f64(const double *x, const double *dy, const double *w,
     const __m256d vm0 = _mm256_set1_pd(m0);
     __m256d mdy = _mm256_setzero_pd(), mt = _mm256_setzero_pd();
     memset(tot, 0, 4 * LN_LANES * sizeof(double));
-    for (size_t j0 = 0; j0 < LN_LANES; j0 += 8) {
-        for (size_t i = 0; i < d;) {
-            size_t end = d - i > LN_BLOCK ? i + LN_BLOCK : d;
+    for (size_t i0 = 0; i0 < d; i0 += LN_BLOCK) {
+        size_t end = d - i0 > LN_BLOCK ? i0 + LN_BLOCK : d;
+        for (size_t j0 = 0; j0 < LN_LANES; j0 += 8) {
+            size_t i = i0;
             ln_back_lanes4d a = {{_mm256_setzero_pd(), _mm256_setzero_pd(),
                                   _mm256_setzero_pd(), _mm256_setzero_pd()}};
             ln_back_lanes4d b = a;
@@ -699,7 +703,6 @@ static void ln_back_sums_f64(const double *x, const double *dy, const double *w,
             }
             ln_back_flush4d(tot, j0, &a);
             ln_back_flush4d(tot, j0 + 4, &b);
-            i = end;
         }
     }
     *max_dy = ln_hmax4d(mdy);
