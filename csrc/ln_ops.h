@@ -158,7 +158,10 @@ static int LN_OPS(ln_output)(const LN_S *x, LN_S *y, size_t d, const LN_P *w,
  * divide); with several independent chains side by side the CPU overlaps
  * them. The group's rows stay in L1 between the two steps. By row size
  * (measured, float32/float16/float64, 1 thread):
- *   up to LN_GROUP_MAX_ROW_BYTES  groups of LN_GROUP;
+ *   up to LN_GROUP_MAX_ROW_BYTES  groups of LN_GROUP (4; groups of 8
+ *                                 took 1.02-1.07x the time without the
+ *                                 prefetch below: float32 (300000, 100),
+ *                                 (4096, 256), float64 (4096, 100));
  *   up to LN_PAIR_MAX_ROW_BYTES   pairs ((64, 768) 5-15% faster than
  *                                 one at a time);
  *   larger                        one at a time.
@@ -173,7 +176,7 @@ static int LN_OPS(ln_output)(const LN_S *x, LN_S *y, size_t d, const LN_P *w,
  * From LN_GROUP_MAX_ROW_BYTES, large calls ask for the next group's rows
  * a lane row at a time as they write (record_ahead). */
 #ifndef LN_GROUP
-#define LN_GROUP 8
+#define LN_GROUP 4
 #define LN_GROUP_MAX_ROW_BYTES 1024
 #define LN_PAIR_MAX_ROW_BYTES 4096
 #endif
