@@ -173,8 +173,8 @@ static int LN_OPS(ln_output)(const LN_S *x, LN_S *y, size_t d, const LN_P *w,
  * (100000, 128) 0.94-0.97x; float64 (64, 768) 0.81-0.84x, float32
  * (64, 2000) 0.85x, (1000, 1536) from memory 0.86-0.88x; float16
  * (16384, 4096), float64 (16384, 768), float32 (8192, 2048) level.
- * From LN_GROUP_MAX_ROW_BYTES, large calls ask for the next group's rows
- * a lane row at a time as they write (record_ahead). */
+ * Large calls ask for the next group's rows a lane row at a time as they
+ * write (record_ahead). */
 #ifndef LN_GROUP
 #define LN_GROUP 4
 #define LN_GROUP_MAX_ROW_BYTES 1024
@@ -206,8 +206,7 @@ static int LN_OPS(record_stats)(const ln_rows *r, size_t k, int rms)
     return LN_OK;
 }
 
-/* Rows of more than LN_GROUP_MAX_ROW_BYTES are done in pairs or one at a
- * time; in a large call (r->ahead: an output of 8 MiB or more) each lane
+/* In a large call (r->ahead: an output of 8 MiB or more) each lane
  * row of outputs asks for the same lines of the record one group ahead
  * (into L2), so that the memory reads the next group while this one is
  * written: its statistics pass then finds it in cache. out=, 1 thread,
@@ -218,17 +217,21 @@ static int LN_OPS(record_stats)(const ln_rows *r, size_t k, int rms)
  * float16 (16384, 4096) 0.85-0.86x, float32 (8192, 1536) 0.94x,
  * (16384, 4096) level. In smaller calls, whose rows are in cache anyway,
  * it cost float32 (64, 768) and (128, 4096) 10-20%. The whole next row
- * asked for at once (the rows' prefetch in norm_rows) gains nothing for
+ * asked for at once (as norm_rows did once) gained nothing for
  * rows this long. Measured again after the one-pass statistics (10e928a):
  * float32 (16384, 4096) out= took the same time with it, without it and
  * with a T0 hint; a plain load of each line instead was 0.94x there and
  * for float64 (8192, 4096), but 1.05-1.08x for float32 (16384, 768) and
  * 1.14x for float16 (16384, 4096). The other shapes above were not
- * measured again. */
+ * measured again. Rows of up to 1 KiB (groups of LN_GROUP) asked for
+ * nothing ahead until measured with it: float32 (200000, 256) 0.82-0.86x,
+ * (100000, 200) 0.89-0.90x, (300000, 100) 0.98x, float64 (200000, 100)
+ * 0.93x, float16 (200000, 256) 0.97-0.98x; float16 (300000, 100) and
+ * float32 (1e6, 72) level. */
 static const void *LN_OPS(record_ahead)(const ln_rows *r, size_t k)
 {
     size_t row = r->d * sizeof(LN_S), group = LN_OPS(group_size)(row);
-    if (!r->ahead || row <= LN_GROUP_MAX_ROW_BYTES || k + group >= r->n)
+    if (!r->ahead || k + group >= r->n)
         return NULL;
     return (const char *)r->x + (ptrdiff_t)(k + group) * r->x_row;
 }
