@@ -230,7 +230,7 @@ static int LN_OPS(record_stats)(const ln_rows *r, size_t k, int rms)
  * float32 (1e6, 72) level. */
 static const void *LN_OPS(record_ahead)(const ln_rows *r, size_t k)
 {
-    size_t row = r->d * sizeof(LN_S), group = LN_OPS(group_size)(row);
+    size_t group = LN_OPS(group_size)(r->d * sizeof(LN_S));
     if (!r->ahead || k + group >= r->n)
         return NULL;
     return (const char *)r->x + (ptrdiff_t)(k + group) * r->x_row;

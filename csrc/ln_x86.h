@@ -605,6 +605,13 @@ static void ln_back_sums_bf16(const uint16_t *x, const uint16_t *dy, const float
     ln_back_sums_rows(x, dy, w, d, m0, tot, max_dy, max_t, LN_ROWS_BF16);
 }
 
+/* The mask of the first n (< 4) of four double lanes: a float64 row's
+ * partial register, read with maskload and blended back. */
+static inline __m256i ln_first4d(size_t n)
+{
+    return _mm256_cmpgt_epi64(_mm256_set1_epi64x((long long)n), _mm256_setr_epi64x(0, 1, 2, 3));
+}
+
 /*
  * The same for float64 rows, whose block lanes are double: eight lanes a
  * part (two registers for each of the four sums; sixteen would take all
@@ -612,8 +619,8 @@ static void ln_back_sums_bf16(const uint16_t *x, const uint16_t *dy, const float
  * block's lines, missed by every part, are asked for close together:
  * (4096, 768) 0.90-0.94x the time of each part over the whole record,
  * (100, 5000) 0.71-0.89x), each part's block lanes added to the totals in
- * memory, in line. The lane form
- * flushed them through an out-of-line call with its lanes on the stack
+ * memory, in line. The lane form flushed them through an out-of-line
+ * call with its lanes on the stack
  * (about a third of a float64 (64, 768) backward went to these sums).
  * The same operations in the same order for every lane: the same bits.
  */
@@ -641,8 +648,7 @@ static inline void ln_back_step4d_first(ln_back_lanes4d *s, __m256d *mdy, __m256
                                         const double *x, const double *dy, const double *w,
                                         size_t n, __m256d m0)
 {
-    __m256i take = _mm256_cmpgt_epi64(_mm256_set1_epi64x((long long)n),
-                                      _mm256_setr_epi64x(0, 1, 2, 3));
+    __m256i take = ln_first4d(n);
     __m256d m = _mm256_castsi256_pd(take);
     ln_back_lanes4d next = *s;
     __m256d ndy = *mdy, nt = *mt;
@@ -852,18 +858,15 @@ static inline void ln_stats_step4d(__m256d *a, __m256d *q, __m256d v, __m256d sh
 static inline void ln_stats_step4d_first(__m256d *a, __m256d *q, const double *x, size_t n,
                                          __m256d shift, __m256d c)
 {
-    __m256i take = _mm256_cmpgt_epi64(_mm256_set1_epi64x((long long)n),
-                                      _mm256_setr_epi64x(0, 1, 2, 3));
+    __m256i take = ln_first4d(n);
     __m256d a0 = *a, q0 = *q, m = _mm256_castsi256_pd(take);
     ln_stats_step4d(a, q, _mm256_maskload_pd(x, take), shift, c);
     *a = _mm256_blendv_pd(a0, *a, m);
     *q = _mm256_blendv_pd(q0, *q, m);
 }
 
-static __attribute__((noinline)) void ln_shifted_squares_f64(const double *x, size_t d,
-                                                             double shift, double c,
-                                                             double t1[LN_LANES],
-                                                             double t2[LN_LANES])
+static void ln_shifted_squares_f64(const double *x, size_t d, double shift, double c,
+                                   double t1[LN_LANES], double t2[LN_LANES])
 {
     const __m256d vs = _mm256_set1_pd(shift), vc = _mm256_set1_pd(c);
     for (size_t j = 0; j < LN_LANES; j++)
