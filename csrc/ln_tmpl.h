@@ -392,6 +392,12 @@ typedef struct {
     float *const *dx;                    /* written by the apply loop only */
     const float *w;                      /* the gain (ones without one), apply only */
     const float *hi, *r, *c, *a, *bm;    /* per record: normalize's and grad_input's */
+    /* The next group's an records (0: none) to ask for ahead: their
+     * first rows in x and dy, the rows' strides, and half a row in
+     * features (a multiple of 16: whole lines). */
+    const char *ax, *ady;
+    ptrdiff_t ax_row, ady_row;
+    size_t an, half;
 } ln_group_rows;
 
 /* A spare row of `bytes` bytes (64-byte aligned) for the rare paths of a

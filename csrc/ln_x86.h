@@ -1421,8 +1421,21 @@ static void ln_short_back_output_avx2(const char *x, ptrdiff_t x_row, const char
  * (ln_elem.h's grad_input, from its coefficients a and bm: the dx loop of
  * back_apply): records in the caches, read once. Without it, the terms
  * alone: streamed records, whose dx loop (non-temporal stores) has just
- * read the chunk.
+ * read the chunk; that loop also asks for the next group's lines, a line
+ * of each record every other step (ln_ask_next).
  */
+/* One line of x and of dy of the next group's record j (ln_group_rows's
+ * an, ax, ady), into the caches while this group computes (its back_sums
+ * then reads them from there): the line half a row away from feature i,
+ * so that rows 4 KiB apart (d = 1024) do not meet the lines being read in
+ * one L1 set. */
+static inline void ln_ask_next(const ln_group_rows *g, size_t j, size_t i)
+{
+    size_t o = sizeof(float) * (i < g->half ? i + g->half : i - g->half);
+    __builtin_prefetch(g->ax + (ptrdiff_t)j * g->ax_row + o, 0, 1);
+    __builtin_prefetch(g->ady + (ptrdiff_t)j * g->ady_row + o, 0, 1);
+}
+
 static inline __attribute__((always_inline)) void
 ln_back_group_nv(const ln_group_rows *g, size_t m, size_t i0, size_t i1, uint64_t *const *sw,
                  uint64_t *const *sb, int levels, int apply)
@@ -1436,6 +1449,8 @@ ln_back_group_nv(const ln_group_rows *g, size_t m, size_t i0, size_t i1, uint64_
                     s[q][h][l] = _mm256_setzero_si256();
         __m256 wv = apply ? _mm256_loadu_ps(g->w + i) : _mm256_setzero_ps();
         for (size_t j = 0; j < m; j++) {
+            if (!apply && i % 16 == 0 && j < g->an)
+                ln_ask_next(g, j, i);
             __m256 dv = _mm256_loadu_ps(g->dy[j] + i), rv = _mm256_set1_ps(g->r[j]);
             __m256 xh = _mm256_fmadd_ps(_mm256_sub_ps(_mm256_loadu_ps(g->x[j] + i),
                                                       _mm256_set1_ps(g->hi[j])),
