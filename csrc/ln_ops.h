@@ -304,10 +304,10 @@ LN_ALWAYS_INLINE int LN_OPS(norm_short_rows_in)(const ln_rows *r, int rms, int n
      * and the caller's arrays hold d items only. */
     const LN_P *rw = r->w, *rb = r->b;
     LN_P wp[2 * LN_LANES], bp[2 * LN_LANES];
-    for (size_t j = 0; j < 2 * LN_LANES; j++) {
-        wp[j] = rw && j < (dk ? dk : r->d) ? rw[j] : (LN_P)1;
-        bp[j] = rb && j < (dk ? dk : r->d) ? rb[j] : (LN_P)0;
-    }
+    for (size_t j = 0; j < 2 * LN_LANES && rw; j++) /* (no loads from NULL: ln_lane.h's apply_row) */
+        wp[j] = j < (dk ? dk : r->d) ? rw[j] : (LN_P)1;
+    for (size_t j = 0; j < 2 * LN_LANES && rb; j++)
+        bp[j] = j < (dk ? dk : r->d) ? rb[j] : (LN_P)0;
     const LN_P *w = rw ? wp : NULL, *b = rb ? bp : NULL;
     for (size_t k0 = 0; k0 < r->n; k0 += LN_SHORT_GROUP) {
         size_t n = r->n - k0 < LN_SHORT_GROUP ? r->n - k0 : LN_SHORT_GROUP;
