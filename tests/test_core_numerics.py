@@ -416,3 +416,73 @@ def test_backward_coefficients_overflowing_double_give_the_canonical_nan():
             dx = lnc.layer_norm_backward(dy, x, w, 1.7976931348623157e308, mean=mean).dx
         bits = dx.view(np.uint64)
         assert np.all(bits == 0x7FF8000000000000), (isa, [hex(int(b)) for b in bits.ravel()])
+
+
+# Constant records take the float lanes (and no scaled pass for float64):
+# their centered values are exact zeros. Long records, padding-like rows.
+@pytest.mark.parametrize("d", [LANES + 1, 768, 2 * BLOCK + 3])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_long_constant_rows_give_exactly_the_bias_at_every_isa(dtype, d, restore_settings):
+    rng = np.random.default_rng(d)
+    x = np.zeros((6, d), dtype)
+    x[1] = -0.0
+    x[2, ::2] = -0.0  # +0 and -0 are one value
+    x[3] = 3.25
+    x[4] = -1e-30 if dtype != F16 else -1e-7  # tiny, constant: no underflow matters
+    x[5] = rng.standard_normal(d)  # an ordinary record among them
+    w, b = random_params(rng, dtype, d, "wb")
+    got = {}
+    for isa in lnc.supported_isas():
+        lnc.set_isa(isa)
+        y, mean, var = lnc.layer_norm(x, w, b, return_stats=True)
+        assert_same_bits(y[:5], np.broadcast_to(b, (5, d)))
+        assert np.all(var[:5] == 0) and np.all(mean[:5] == x[:5, 0].astype(mean.dtype))
+        assert np.all(lnc.layer_norm(x[:5], w) == 0)
+        assert np.all(lnc.rms_norm(x[:3], w) == 0)
+        got[isa] = (y, lnc.rms_norm(x, w))
+    for isa in got:
+        assert_same_bits(got[isa][0], got["scalar"][0], f"{isa} vs scalar")
+        assert_same_bits(got[isa][1], got["scalar"][1], f"{isa} vs scalar")
+
+
+@pytest.mark.parametrize("d", [LANES + 1, 768])
+@pytest.mark.parametrize("dtype,scale", [(F32, 1e-30), (F64, 1e-200)])
+def test_long_tiny_spread_whose_squares_underflow_is_not_constant(dtype, scale, d):
+    """Squares of a spread this small underflow in the compute type (a
+    variance of 0 there): the record is no constant one, and eps = 0 still
+    normalizes it (the worked example [1, 2, 3, 4], tiled)."""
+    x = (np.resize(np.array([1.0, 2.0, 3.0, 4.0]), d) * scale).astype(dtype)[None]
+    with np.errstate(all="ignore"):
+        y = lnc.layer_norm(x, eps=0.0)
+    np.testing.assert_allclose(y, lnc.reference_layer_norm(x, eps=0.0).y, rtol=1e-5, atol=1e-6)
+    assert np.max(np.abs(y)) > 1.3
+
+
+@pytest.mark.parametrize("d", [LANES + 1, 768])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_backward_of_constant_rows_matches_the_reference_at_every_isa(dtype, d, restore_settings):
+    """Constant records (variance 0: out of the float lanes' range) in the
+    backward: dx = (g - mean g) / sqrt(eps), their dweight terms 0; the same
+    bits at every ISA level, and with the forward's mean given."""
+    rng = np.random.default_rng(d)
+    x = np.zeros((4, d), dtype)
+    x[1] = 2.5
+    x[2] = rng.standard_normal(d)
+    dy = rng.standard_normal((4, d)).astype(dtype)
+    w = rng.uniform(0.5, 1.5, d).astype(dtype)
+    ref = lnc.reference_layer_norm_backward(dy, x, w, eps=1e-5)
+    got = {}
+    for isa in lnc.supported_isas():
+        lnc.set_isa(isa)
+        g = lnc.layer_norm_backward(dy, x, w, eps=1e-5)
+        mean = lnc.layer_norm(x, w, return_stats=True).mean
+        assert_same_bits(lnc.layer_norm_backward(dy, x, w, eps=1e-5, mean=mean).dx, g.dx)
+        got[isa] = g
+    tol = {F16: 2e-2, F32: 1e-4, F64: 1e-10}[np.dtype(dtype)]
+    scale = np.max(np.abs(ref.dx))
+    np.testing.assert_allclose(got["scalar"].dx, ref.dx, rtol=0, atol=tol * scale)
+    np.testing.assert_allclose(got["scalar"].dbias, ref.dbias, rtol=0,
+                               atol=tol * np.max(np.abs(ref.dbias)))
+    for isa, g in got.items():
+        for a, b in zip(g, got["scalar"]):
+            assert_same_bits(a, b, f"{isa} vs scalar")
