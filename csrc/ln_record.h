@@ -87,11 +87,20 @@ static inline int LN_FN(is_constant)(const LN_S *x, size_t d, int zero)
     if (!isfinite((double)x0) || (zero && x0 != 0))
         return 0;
     /* Whole lane rows without a branch (the compiler vectorizes them),
-     * leaving at the first row that differs. */
+     * leaving at the first row that differs; 2-byte floats by their bits
+     * (equal, or both zeros of either sign), not converted one by one. */
     size_t i = 0;
+    uint16_t b0 = 0;
+    if (sizeof(LN_S) == 2)
+        memcpy(&b0, x, 2);
     for (; i + LN_LANES <= d; i += LN_LANES) {
         int same = 1;
-        for (size_t j = 0; j < LN_LANES; j++)
+        for (size_t j = 0; j < LN_LANES && sizeof(LN_S) == 2; j++) {
+            uint16_t b;
+            memcpy(&b, x + i + j, 2);
+            same &= (b == b0) | (((b | b0) & 0x7fff) == 0);
+        }
+        for (size_t j = 0; j < LN_LANES && sizeof(LN_S) != 2; j++)
             same &= LN_LOAD(x + i + j) == x0;
         if (!same)
             return 0;
