@@ -27,8 +27,8 @@
 /* A record of equal finite values (of zeros, for RMSNorm): its centered
  * values are exact zeros, so the float lanes' statistics (variance 0,
  * the mean as the double formulas give it) and output (every v = +-0)
- * are the double instance's, bit for bit, 4-12x faster for a call of
- * constant records (padding). Any record whose statistics come out with
+ * are the double instance's, bit for bit: a (64, 768) call of zero rows
+ * (padding) 2.8x faster in float32, 5.4x in bfloat16, 8.8x in float16. Any record whose statistics come out with
  * variance 0 is one: for float storage no square underflows in double. */
 static int LN_OPS(constant_record)(const LN_S *x, size_t d, const ln_stats *st, int rms)
 {
@@ -120,8 +120,8 @@ static int LN_OPS(ln_stats_scaled)(const LN_S *x, size_t d, ln_stats *st,
     if (isfinite(st->mean) && st->var >= LN_F64_VAR_MIN && st->var <= DBL_MAX)
         return LN_OK;
     /* A record of equal finite values (zeros for RMSNorm): the same
-     * statistics at any scale (mean x0, variance 0), 15-17x faster for a
-     * call of them. (A variance of 0 alone does not tell one: the squares
+     * statistics at any scale (mean x0, variance 0); a (64, 768) call of
+     * zero rows 8x faster, (64, 16) 4.5x. (A variance of 0 alone does not tell one: the squares
      * of a tiny spread underflow.) */
     if (st->var == 0.0 && isfinite(st->mean) && LN_CORE(is_constant)(x, d, rms))
         return LN_OK;
@@ -634,8 +634,9 @@ static int LN_OPS(back_record)(const ln_rows *r, size_t k, double w_max, int rms
         /* Terms inside the vector deposits' range (a constant record: its
          * variance is 0, below the float lanes', and its dweight terms
          * are 0) go through the double instance's vector loops: the same
-         * integers as one by one, 12-20x faster for a (64, 768) call of
-         * constant records. */
+         * integers as one by one: a (64, 768) call of zero rows 4.2x
+         * faster in float32, 1.5x in float16 and bfloat16 (whose double
+         * instance stores dx one value at a time). */
         int path = ln_deposit_path(&sums, &c, r->dw);
         if (path == LN_DEPOSIT_SCALAR) {
             LN_WIDE(back_output_scalar)(x, dy, dx, d, r->w, &c, r->dw, r->db);

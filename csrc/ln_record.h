@@ -80,7 +80,7 @@ static inline int LN_FN(all_finite)(const LN_S *x, size_t d)
 
 /* Is every value of the record equal (as a number: -0 == +0) to the
  * first, and that finite (and, with zero, 0)? Asked only of records whose
- * float-lane variance came out 0. */
+ * variance came out 0. */
 static inline int LN_FN(is_constant)(const LN_S *x, size_t d, int zero)
 {
     LN_T x0 = LN_LOAD(x);
