@@ -21,19 +21,21 @@
 #define LN_CT_MAX DBL_MAX
 #endif
 
-#if defined(LN_WIDE)
-/* ---- computed in float, with the double instance as the fallback ---- */
-
-/* A record of equal finite values (of zeros, for RMSNorm): its centered
- * values are exact zeros, so the float lanes' statistics (variance 0,
- * the mean as the double formulas give it) and output (every v = +-0)
- * are the double instance's, bit for bit: a (64, 768) call of zero rows
- * (padding) 2.8x faster in float32, 5.4x in bfloat16, 8.8x in float16. Any record whose statistics come out with
- * variance 0 is one: for float storage no square underflows in double. */
+/* Is the record, whose statistics came out with variance 0, one of equal
+ * finite values (of zeros, for RMSNorm)? A variance of 0 alone does not
+ * tell one: the squares of a tiny spread underflow. Its centered values
+ * are exact zeros, so the fallbacks of a variance out of range (double
+ * lanes, the scaled record) give its statistics and outputs (every
+ * v = +-0) bit for bit as the core instance does: a (64, 768) call of
+ * zero rows (padding) 2.8x faster in float32, 5.4x in bfloat16, 8.8x in
+ * float16, 8x in float64 ((64, 16) 4.5x). */
 static int LN_OPS(constant_record)(const LN_S *x, size_t d, const ln_stats *st, int rms)
 {
     return st->var == 0.0 && isfinite(st->mean) && LN_CORE(is_constant)(x, d, rms);
 }
+
+#if defined(LN_WIDE)
+/* ---- computed in float, with the double instance as the fallback ---- */
 
 static void LN_OPS(ln_stats)(const LN_S *x, size_t d, ln_stats *st, int rms)
 {
@@ -67,7 +69,10 @@ static int LN_OPS(ln_output)(const LN_S *x, LN_S *y, size_t d, const LN_P *w,
         LN_CORE(fill_nan)(y, d);
         return LN_OK;
     }
-    int constant = st->var == 0.0 && rstd >= FLT_MIN && rstd <= FLT_MAX; /* constant_record */
+    /* var 0: a constant record (constant_record; for float storage no
+     * square underflows in double, so the fallback's variance is 0 for
+     * no other). */
+    int constant = st->var == 0.0 && rstd >= FLT_MIN && rstd <= FLT_MAX;
     if (LN_OPS(fits_float)(st->var, rstd) || constant)
         LN_CORE(output)(x, y, d, st, rstd, w, b, stream, ahead);
     else
@@ -119,11 +124,7 @@ static int LN_OPS(ln_stats_scaled)(const LN_S *x, size_t d, ln_stats *st,
     LN_CORE(stats_of)(x, d, st, rms);
     if (isfinite(st->mean) && st->var >= LN_F64_VAR_MIN && st->var <= DBL_MAX)
         return LN_OK;
-    /* A record of equal finite values (zeros for RMSNorm): the same
-     * statistics at any scale (mean x0, variance 0); a (64, 768) call of
-     * zero rows 8x faster, (64, 16) 4.5x. (A variance of 0 alone does not tell one: the squares
-     * of a tiny spread underflow.) */
-    if (st->var == 0.0 && isfinite(st->mean) && LN_CORE(is_constant)(x, d, rms))
+    if (LN_OPS(constant_record)(x, d, st, rms)) /* the same statistics at any scale */
         return LN_OK;
     double s = LN_OPS(record_scale)(x, d);
     if (s != 1.0) {
@@ -148,9 +149,8 @@ static int LN_OPS(ln_output)(const LN_S *x, LN_S *y, size_t d, const LN_P *w,
      * the variance is so small that it lost digits to underflow (unless
      * eps is so large beside it that eps * s^2 overflows: then the
      * variance does not count). */
-    /* (A constant record, whose centered values are exact zeros, gives
-     * every v = +-0 at any scale: not at scale.) */
-    int tiny = st->var < LN_F64_VAR_MIN && !(st->var == 0.0 && LN_CORE(is_constant)(x, d, rms));
+    /* (A constant record gives every v = +-0 at any scale: not at scale.) */
+    int tiny = st->var < LN_F64_VAR_MIN && !LN_OPS(constant_record)(x, d, st, rms);
     if (tiny)
         s = LN_OPS(record_scale)(x, d);
     if ((!tiny || !(eps * s * s <= DBL_MAX)) && rstd != 0.0 && !(rstd > DBL_MAX)) {
@@ -326,7 +326,8 @@ LN_ALWAYS_INLINE int LN_OPS(norm_short_rows_in)(const ln_rows *r, int rms, int n
      * and the caller's arrays hold d items only. */
     const LN_P *rw = r->w, *rb = r->b;
     LN_P wp[2 * LN_LANES], bp[2 * LN_LANES];
-    for (size_t j = 0; j < 2 * LN_LANES && rw; j++) /* (no loads from NULL: ln_lane.h's apply_row) */
+    /* (No loads from NULL: see ln_lane.h's apply_row.) */
+    for (size_t j = 0; j < 2 * LN_LANES && rw; j++)
         wp[j] = j < (dk ? dk : r->d) ? rw[j] : (LN_P)1;
     for (size_t j = 0; j < 2 * LN_LANES && rb; j++)
         bp[j] = j < (dk ? dk : r->d) ? rb[j] : (LN_P)0;
