@@ -207,3 +207,21 @@ static void LN_FN(back_output_scalar)(const LN_S *x, const LN_S *dy, LN_S *dx, s
     LN_FN(back_output_span)(x, dy, dx, 0, d, w, c, NULL, NULL, LN_DEPOSIT_SCALAR, 0);
     LN_FN(back_deposit)(x, dy, d, c, dw, db, 0);
 }
+
+/* A record done whole, alone (a fallback: float records in double,
+ * float64 ones at scale): its terms by the vector deposits when they lie
+ * in their range, else one by one. The same integers either way, so the
+ * same bits. A (64, 768) call of zero rows (a constant record takes the
+ * fallback), one thread: float32 4.2x faster, float64 876 -> 291 us. */
+static inline void LN_FN(back_output_alone)(const LN_S *x, const LN_S *dy, LN_S *dx, size_t d,
+                                            const LN_P *w, const ln_back_sums *sums,
+                                            const ln_back_coef *c, ln_acc *dw, ln_acc *db)
+{
+    int path = ln_deposit_path(sums, c, dw);
+    if (path == LN_DEPOSIT_SCALAR) {
+        LN_FN(back_output_scalar)(x, dy, dx, d, w, c, dw, db);
+        return;
+    }
+    LN_FN(back_output_span)(x, dy, dx, 0, d, w, c, dw, db, path, 0);
+    LN_FN(back_counted)(dw, db, path);
+}
