@@ -17,6 +17,8 @@
  *   LN_LOAD_PART_F16(v, p, n, w), LN_STORE_PART_F16(p, v, n, w)  the first
  *                   n of them (w >= n lanes filled, zeros beyond n); and
  *                   the same for float32 and float64 rows (_F32, _F64)
+ *   LN_LOAD_ROW_F16_WIDE, LN_STORE_ROW_F16_WIDE  optional: the same rows
+ *                   as doubles, for float16's double fallback
  *
  * bfloat16 rows are converted a row at a time with ln_half.h's plain
  * loops, which the compiler vectorizes (the scalar level's reference
@@ -34,7 +36,13 @@
 #define LN_DB_ON_GRID 0
 #define LN_LOAD(p) ((double)LN_H2F(*(p)))
 #define LN_STORE(p, v) (*(p) = LN_F2H(ln_double_to_float_odd(v)))
+#if defined(LN_LOAD_ROW_F16_WIDE)
+#define LN_LOAD_ROW LN_LOAD_ROW_F16_WIDE
+#define LN_STORE_ROW LN_STORE_ROW_F16_WIDE
+#endif
 #include "ln_instance.h"
+#undef LN_LOAD_ROW
+#undef LN_STORE_ROW
 #define LN_T float
 #define LN_FN(f) f##_f16
 #define LN_DB_ON_GRID 1
