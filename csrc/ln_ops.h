@@ -576,15 +576,37 @@ static void LN_OPS(back_ready)(const ln_rows *r, const LN_S *x, const LN_S *dy, 
  * forward's mean is then needed only by the records that fail: its first
  * pass over x was 10-15% of a float32 (4096, 768) backward. */
 static int LN_OPS(back_shifted)(const ln_rows *r, const LN_S *x, const LN_S *dy, double eps,
-                                double w_max, ln_back_sums *sums, ln_back_coef *c)
+                                double w_max, ln_back_sums *sums, ln_back_coef *c,
+                                double *shift)
 {
     LN_CT m0 = (LN_CT)LN_CORE(square_shift)(x);
+    *shift = (double)m0;
     LN_CORE(back_sums)(x, dy, r->w, r->d, m0, sums);
     double md = sums->st / (double)r->d;
     if (!ln_shift_kept(md, sums->stt / (double)r->d - md * md))
         return 0;
     return LN_OPS(coef_of)(sums, (double)m0, r->d, eps, c, 0) == 1 &&
            LN_OPS(coef_in_range)(c) && ln_back_fits(sums, c, w_max, LN_CT_MIN, LN_CT_MAX);
+}
+
+/* The sums of record k around the forward's mean, *m0 (0 for RMSNorm):
+ * without a given mean, the one from the forward's first pass, kept when
+ * the sums show its variance safely in range; else from its full
+ * statistics. */
+static int LN_OPS(back_around_mean)(const ln_rows *r, size_t k, const LN_S *x, const LN_S *dy,
+                                    int rms, double *m0, ln_back_sums *sums)
+{
+    size_t d = r->d;
+    int own_mean = !rms && !r->mean;
+    double mean = own_mean ? LN_CORE(mean_of)(x, d) : 0.0;
+    *m0 = rms ? 0.0 : (double)(LN_CT)(r->mean ? r->mean[k] : mean);
+    LN_CORE(back_sums)(x, dy, r->w, d, (LN_CT)*m0, sums);
+    if (own_mean && !LN_OPS(forward_var_in_range)(mean, sums, d)) {
+        if (LN_OPS(forward_mean)(x, d, r->spare, m0) != LN_OK)
+            return LN_ENOMEM;
+        LN_CORE(back_sums)(x, dy, r->w, d, (LN_CT)*m0, sums);
+    }
+    return LN_OK;
 }
 
 /* The backward of record k: dx, and its terms into r->dw and r->db
@@ -606,23 +628,21 @@ static int LN_OPS(back_record)(const ln_rows *r, size_t k, double w_max, int rms
     }
     ln_back_sums sums;
     ln_back_coef c;
-    if (!rms && d > LN_ONE_PASS_MIN_D && LN_OPS(back_shifted)(r, x, dy, eps, w_max, &sums, &c)) {
+    int shifted = !rms && d > LN_ONE_PASS_MIN_D;
+    double shift = 0.0;
+    if (shifted && LN_OPS(back_shifted)(r, x, dy, eps, w_max, &sums, &c, &shift)) {
         LN_OPS(back_ready)(r, x, dy, dx, &sums, &c, p);
         return LN_OK;
     }
-    /* Around the forward's mean: without a given mean, the one from the
-     * forward's first pass, kept when the sums show its variance safely
-     * in range; else from its full statistics. */
-    int own_mean = !rms && !r->mean;
-    double mean = own_mean ? LN_CORE(mean_of)(x, d) : 0.0;
-    if (!rms)
-        m0 = (double)(LN_CT)(r->mean ? r->mean[k] : mean);
-    LN_CORE(back_sums)(x, dy, r->w, d, (LN_CT)m0, &sums);
-    if (own_mean && !LN_OPS(forward_var_in_range)(mean, &sums, d)) {
-        if (LN_OPS(forward_mean)(x, d, r->spare, &m0) != LN_OK)
-            return LN_ENOMEM;
-        LN_CORE(back_sums)(x, dy, r->w, d, (LN_CT)m0, &sums);
-    }
+    /* Every x equal to the shift, and finite: a constant record, whose
+     * forward mean is that value (its first pass sums zeros), so the pass
+     * just taken is the one around it (a row of zeros took four more
+     * passes). A sign of zero in which they differ changes none of the
+     * sums. Else the pass around the forward's mean. */
+    if (shifted && sums.max_t == 0.0 && isfinite(shift) && isfinite(sums.st))
+        m0 = shift;
+    else if (LN_OPS(back_around_mean)(r, k, x, dy, rms, &m0, &sums) != LN_OK)
+        return LN_ENOMEM;
     int rc = LN_OPS(coef_of)(&sums, m0, d, eps, &c, rms), ok = rc == 1;
 #if defined(LN_WIDE)
     if (!(ok && LN_OPS(coef_in_range)(&c) &&
