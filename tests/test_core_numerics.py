@@ -463,14 +463,20 @@ def test_long_tiny_spread_whose_squares_underflow_is_not_constant(dtype, scale, 
 def test_backward_of_constant_rows_matches_the_reference_at_every_isa(dtype, d, restore_settings):
     """Constant records (variance 0: out of the float lanes' range) in the
     backward: dx = (g - mean g) / sqrt(eps), their dweight terms 0; the same
-    bits at every ISA level, and with the forward's mean given."""
+    bits at every ISA level, and with the forward's mean given. Among them
+    zeros of both signs, and a constant record but for a NaN at its end
+    (no constant record: all NaN)."""
     rng = np.random.default_rng(d)
-    x = np.zeros((4, d), dtype)
+    x = np.zeros((6, d), dtype)
     x[1] = 2.5
     x[2] = rng.standard_normal(d)
-    dy = rng.standard_normal((4, d)).astype(dtype)
+    x[3] = np.where(rng.random(d) < 0.5, -0.0, 0.0)
+    x[4] = 2.5
+    x[4, -1] = np.nan
+    dy = rng.standard_normal((6, d)).astype(dtype)
     w = rng.uniform(0.5, 1.5, d).astype(dtype)
     ref = lnc.reference_layer_norm_backward(dy, x, w, eps=1e-5)
+    assert np.isnan(ref.dx[4]).all() and not np.isnan(ref.dx[[0, 1, 2, 3, 5]]).any()
     got = {}
     for isa in lnc.supported_isas():
         lnc.set_isa(isa)
@@ -479,7 +485,7 @@ def test_backward_of_constant_rows_matches_the_reference_at_every_isa(dtype, d, 
         assert_same_bits(lnc.layer_norm_backward(dy, x, w, eps=1e-5, mean=mean).dx, g.dx)
         got[isa] = g
     tol = {F16: 2e-2, F32: 1e-4, F64: 1e-10}[np.dtype(dtype)]
-    scale = np.max(np.abs(ref.dx))
+    scale = np.nanmax(np.abs(ref.dx))
     np.testing.assert_allclose(got["scalar"].dx, ref.dx, rtol=0, atol=tol * scale)
     np.testing.assert_allclose(got["scalar"].dbias, ref.dbias, rtol=0,
                                atol=tol * np.max(np.abs(ref.dbias)))
