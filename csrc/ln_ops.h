@@ -614,7 +614,10 @@ static int LN_OPS(back_around_mean)(const ln_rows *r, size_t k, const LN_S *x, c
     double mean = own_mean ? LN_CORE(mean_of)(x, d) : 0.0;
     *m0 = rms ? 0.0 : (double)(LN_CT)(r->mean ? r->mean[k] : mean);
     LN_CORE(back_sums)(x, dy, r->w, d, (LN_CT)*m0, sums);
-    if (own_mean && !LN_OPS(forward_var_in_range)(mean, sums, d)) {
+    /* (Every x equal to that mean, and finite: a constant record, whose
+     * first pass gave the forward's mean exactly.) */
+    int constant = sums->max_t == 0.0 && isfinite(*m0) && isfinite(sums->st);
+    if (own_mean && !constant && !LN_OPS(forward_var_in_range)(mean, sums, d)) {
         if (LN_OPS(forward_mean)(x, d, r->spare, m0) != LN_OK)
             return LN_ENOMEM;
         LN_CORE(back_sums)(x, dy, r->w, d, (LN_CT)*m0, sums);
