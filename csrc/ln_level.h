@@ -19,6 +19,8 @@
  *                   the same for float32 and float64 rows (_F32, _F64)
  *   LN_LOAD_ROW_F16_WIDE, LN_STORE_ROW_F16_WIDE  optional: the same rows
  *                   as doubles, for float16's double fallback
+ *   LN_BACK_SUMS_F16_WIDE (_BF16_WIDE, _F32_WIDE)  optional: the
+ *                   backward's sums of the float types' double fallback
  *
  * bfloat16 rows are converted a row at a time with ln_half.h's plain
  * loops, which the compiler vectorizes (the scalar level's reference
@@ -40,7 +42,11 @@
 #define LN_LOAD_ROW LN_LOAD_ROW_F16_WIDE
 #define LN_STORE_ROW LN_STORE_ROW_F16_WIDE
 #endif
+#if defined(LN_BACK_SUMS_F16_WIDE)
+#define LN_BACK_SUMS_ROWS LN_BACK_SUMS_F16_WIDE
+#endif
 #include "ln_instance.h"
+#undef LN_BACK_SUMS_ROWS
 #undef LN_LOAD_ROW
 #undef LN_STORE_ROW
 #define LN_T float
@@ -101,7 +107,11 @@
 #define LN_DB_ON_GRID 0
 #define LN_LOAD(p) ((double)ln_bf16_to_float(*(p)))
 #define LN_STORE(p, v) (*(p) = ln_float_to_bf16(ln_double_to_float_odd(v)))
+#if defined(LN_BACK_SUMS_BF16_WIDE)
+#define LN_BACK_SUMS_ROWS LN_BACK_SUMS_BF16_WIDE
+#endif
 #include "ln_instance.h"
+#undef LN_BACK_SUMS_ROWS
 #define LN_T float
 #define LN_FN(f) f##_bf16
 #define LN_DB_ON_GRID 0
@@ -161,7 +171,11 @@
 #define LN_DB_ON_GRID 0
 #define LN_LOAD(p) ((double)*(p))
 #define LN_STORE(p, v) (*(p) = (float)(v))
+#if defined(LN_BACK_SUMS_F32_WIDE)
+#define LN_BACK_SUMS_ROWS LN_BACK_SUMS_F32_WIDE
+#endif
 #include "ln_instance.h"
+#undef LN_BACK_SUMS_ROWS
 #define LN_T float
 #define LN_FN(f) f##_f32
 #define LN_DB_ON_GRID 0

@@ -502,7 +502,7 @@ static inline void ln_store_row_bf16(uint16_t *p, const float *v)
  * d = 768 went outside the loop. Every lane sees the same operations in
  * the same order: the same bits.
  */
-enum { LN_ROWS_F32, LN_ROWS_F16, LN_ROWS_BF16 };
+enum { LN_ROWS_F32, LN_ROWS_F16, LN_ROWS_BF16, LN_ROWS_F64 };
 
 /* Eight elements of a row at p as floats (exact conversions), and the
  * first n < 8 of them with zeros beyond (nothing past n is read). */
@@ -671,6 +671,11 @@ static inline __m256i ln_first4d(size_t n)
  * call with its lanes on the stack
  * (about a third of a float64 (64, 768) backward went to these sums).
  * The same operations in the same order for every lane: the same bits.
+ * The float types' double fallback (ln_level.h's double instances, which
+ * constant records take) runs the same loop on its rows converted to
+ * double as they are read: in lane form it was most of a float32
+ * (4096, 16) backward of zero rows (one thread: 1994 -> 1220 us; (64, 768)
+ * 132 -> 106 us, bfloat16 258 -> 180, float16 169 -> 139).
  */
 typedef struct {
     __m256d l[4];
@@ -690,18 +695,40 @@ static inline void ln_back_step4d(ln_back_lanes4d *s, __m256d *mdy, __m256d *mt,
     *mt = _mm256_max_pd(_mm256_and_pd(t, abs_mask), *mt);
 }
 
+/* Four elements of a row of `kind` at p as doubles (exact conversions),
+ * and the first n < 4 of them with zeros beyond (nothing past n read). */
+static inline __m256d ln_load4d(const void *p, int kind)
+{
+    if (kind == LN_ROWS_F64)
+        return _mm256_loadu_pd((const double *)p);
+    if (kind == LN_ROWS_F32)
+        return _mm256_cvtps_pd(_mm_loadu_ps((const float *)p));
+    __m128i h = _mm_loadl_epi64((const __m128i *)p);
+    if (kind == LN_ROWS_F16)
+        return _mm256_cvtps_pd(_mm_cvtph_ps(h));
+    return _mm256_cvtps_pd(_mm_castsi128_ps(_mm_slli_epi32(_mm_cvtepu16_epi32(h), 16)));
+}
+
+static inline __m256d ln_load4d_first(const void *p, size_t n, int kind)
+{
+    if (kind == LN_ROWS_F64)
+        return _mm256_maskload_pd((const double *)p, ln_first4d(n));
+    unsigned char buf[16] = {0};
+    memcpy(buf, p, n * (kind == LN_ROWS_F32 ? 4 : 2));
+    return ln_load4d(buf, kind);
+}
+
 /* The first n < 4 lanes take their element (nothing past n read), the
  * others keep what they had. */
 static inline void ln_back_step4d_first(ln_back_lanes4d *s, __m256d *mdy, __m256d *mt,
-                                        const double *x, const double *dy, const double *w,
-                                        size_t n, __m256d m0)
+                                        const void *x, const void *dy, const void *w,
+                                        size_t n, __m256d m0, int kind, int wkind)
 {
-    __m256i take = ln_first4d(n);
-    __m256d m = _mm256_castsi256_pd(take);
+    __m256d m = _mm256_castsi256_pd(ln_first4d(n));
     ln_back_lanes4d next = *s;
     __m256d ndy = *mdy, nt = *mt;
-    ln_back_step4d(&next, &ndy, &nt, _mm256_maskload_pd(x, take), _mm256_maskload_pd(dy, take),
-                   _mm256_maskload_pd(w, take), m0);
+    ln_back_step4d(&next, &ndy, &nt, ln_load4d_first(x, n, kind), ln_load4d_first(dy, n, kind),
+                   ln_load4d_first(w, n, wkind), m0);
     for (int q = 0; q < 4; q++)
         s->l[q] = _mm256_blendv_pd(s->l[q], next.l[q], m);
     *mdy = _mm256_blendv_pd(*mdy, ndy, m);
@@ -721,9 +748,15 @@ static inline double ln_hmax4d(__m256d v)
     return _mm_cvtsd_f64(_mm_max_sd(m, _mm_unpackhi_pd(m, m)));
 }
 
-static void ln_back_sums_f64(const double *x, const double *dy, const double *w, size_t d,
-                             double m0, double tot[4][LN_LANES], double *max_dy, double *max_t)
+/* Rows of `kind`, weights of wkind (LN_ROWS_F64 or LN_ROWS_F32), in double
+ * lanes. */
+static inline __attribute__((always_inline)) void
+ln_back_sums4d_rows(const void *x, const void *dy, const void *w, size_t d, double m0,
+                    double tot[4][LN_LANES], double *max_dy, double *max_t, int kind, int wkind)
 {
+    const size_t es = kind == LN_ROWS_F64 ? 8 : kind == LN_ROWS_F32 ? 4 : 2;
+    const size_t ws = wkind == LN_ROWS_F64 ? 8 : 4;
+    const char *xb = x, *db = dy, *wb = w;
     const __m256d vm0 = _mm256_set1_pd(m0);
     __m256d mdy = _mm256_setzero_pd(), mt = _mm256_setzero_pd();
     memset(tot, 0, 4 * LN_LANES * sizeof(double));
@@ -736,24 +769,28 @@ static void ln_back_sums_f64(const double *x, const double *dy, const double *w,
             ln_back_lanes4d b = a;
             for (; i + LN_LANES <= end; i += LN_LANES) {
                 size_t k = i + j0;
-                ln_back_step4d(&a, &mdy, &mt, _mm256_loadu_pd(x + k), _mm256_loadu_pd(dy + k),
-                               _mm256_loadu_pd(w + k), vm0);
-                ln_back_step4d(&b, &mdy, &mt, _mm256_loadu_pd(x + k + 4),
-                               _mm256_loadu_pd(dy + k + 4), _mm256_loadu_pd(w + k + 4), vm0);
+                ln_back_step4d(&a, &mdy, &mt, ln_load4d(xb + k * es, kind),
+                               ln_load4d(db + k * es, kind), ln_load4d(wb + k * ws, wkind), vm0);
+                ln_back_step4d(&b, &mdy, &mt, ln_load4d(xb + (k + 4) * es, kind),
+                               ln_load4d(db + (k + 4) * es, kind),
+                               ln_load4d(wb + (k + 4) * ws, wkind), vm0);
             }
             if (i + j0 < end) { /* the partial lane row at the record's end */
                 size_t k = i + j0, n = end - k;
                 if (n >= 4)
-                    ln_back_step4d(&a, &mdy, &mt, _mm256_loadu_pd(x + k), _mm256_loadu_pd(dy + k),
-                                   _mm256_loadu_pd(w + k), vm0);
+                    ln_back_step4d(&a, &mdy, &mt, ln_load4d(xb + k * es, kind),
+                                   ln_load4d(db + k * es, kind), ln_load4d(wb + k * ws, wkind),
+                                   vm0);
                 else
-                    ln_back_step4d_first(&a, &mdy, &mt, x + k, dy + k, w + k, n, vm0);
+                    ln_back_step4d_first(&a, &mdy, &mt, xb + k * es, db + k * es, wb + k * ws, n,
+                                         vm0, kind, wkind);
                 if (n >= 8)
-                    ln_back_step4d(&b, &mdy, &mt, _mm256_loadu_pd(x + k + 4),
-                                   _mm256_loadu_pd(dy + k + 4), _mm256_loadu_pd(w + k + 4), vm0);
+                    ln_back_step4d(&b, &mdy, &mt, ln_load4d(xb + (k + 4) * es, kind),
+                                   ln_load4d(db + (k + 4) * es, kind),
+                                   ln_load4d(wb + (k + 4) * ws, wkind), vm0);
                 else if (n > 4)
-                    ln_back_step4d_first(&b, &mdy, &mt, x + k + 4, dy + k + 4, w + k + 4, n - 4,
-                                         vm0);
+                    ln_back_step4d_first(&b, &mdy, &mt, xb + (k + 4) * es, db + (k + 4) * es,
+                                         wb + (k + 4) * ws, n - 4, vm0, kind, wkind);
             }
             ln_back_flush4d(tot, j0, &a);
             ln_back_flush4d(tot, j0 + 4, &b);
@@ -762,7 +799,36 @@ static void ln_back_sums_f64(const double *x, const double *dy, const double *w,
     *max_dy = ln_hmax4d(mdy);
     *max_t = ln_hmax4d(mt);
 }
+
+static void ln_back_sums_f64(const double *x, const double *dy, const double *w, size_t d,
+                             double m0, double tot[4][LN_LANES], double *max_dy, double *max_t)
+{
+    ln_back_sums4d_rows(x, dy, w, d, m0, tot, max_dy, max_t, LN_ROWS_F64, LN_ROWS_F64);
+}
+
+/* The float types' double fallback (float weights). */
+static void ln_back_sums_f32d(const float *x, const float *dy, const float *w, size_t d,
+                              double m0, double tot[4][LN_LANES], double *max_dy, double *max_t)
+{
+    ln_back_sums4d_rows(x, dy, w, d, m0, tot, max_dy, max_t, LN_ROWS_F32, LN_ROWS_F32);
+}
+
+static void ln_back_sums_f16d(const uint16_t *x, const uint16_t *dy, const float *w, size_t d,
+                              double m0, double tot[4][LN_LANES], double *max_dy, double *max_t)
+{
+    ln_back_sums4d_rows(x, dy, w, d, m0, tot, max_dy, max_t, LN_ROWS_F16, LN_ROWS_F32);
+}
+
+static void ln_back_sums_bf16d(const uint16_t *x, const uint16_t *dy, const float *w, size_t d,
+                               double m0, double tot[4][LN_LANES], double *max_dy,
+                               double *max_t)
+{
+    ln_back_sums4d_rows(x, dy, w, d, m0, tot, max_dy, max_t, LN_ROWS_BF16, LN_ROWS_F32);
+}
 #define LN_BACK_SUMS_F64 ln_back_sums_f64
+#define LN_BACK_SUMS_F32_WIDE ln_back_sums_f32d
+#define LN_BACK_SUMS_F16_WIDE ln_back_sums_f16d
+#define LN_BACK_SUMS_BF16_WIDE ln_back_sums_bf16d
 _Static_assert(LN_LANES % 16 == 0 && LN_BLOCK % LN_LANES == 0,
                "back sums take lanes 16 at a time, blocks of whole lane rows");
 #define LN_BACK_SUMS_F32 ln_back_sums_f32
