@@ -278,29 +278,42 @@ static int LN_OPS(record_output)(const ln_rows *r, size_t k, int rms)
 
 #if defined(LN_HAS_SHORT_ROWS)
 /* A short record's plain case: a valid eps, a finite mean, and statistics
- * and 1/std inside the range of the core instance, or a constant record
- * (constant_record) with 1/std in that range, which ln_output computes
- * with the core instance too. Everything else takes the record path
- * below, which repeats the same operations and then makes its fallback
- * decisions (ln_contract.h, items 8 and 9). Constant records had taken
- * it as well, one at a time: zero rows, one thread, float32 (4096, 16)
- * 518 -> 126 us (ordinary rows 69), float16 557 -> 131, float64 507 ->
- * 155; float32 (4096, 64) 432 -> 161. */
-static int LN_OPS(short_is_plain)(const LN_S *x, size_t d, const ln_stats *st, double eps,
-                                  double rstd, int rms)
+ * and 1/std inside the range of the core instance. Everything else takes
+ * the record path below, which repeats the same operations and then makes
+ * its fallback decisions (ln_contract.h, items 8 and 9). */
+static int LN_OPS(short_is_plain)(const ln_stats *st, double eps, double rstd)
 {
     if (!ln_eps_is_valid(eps) || !isfinite(st->mean))
         return 0;
 #if defined(LN_WIDE)
-    if (LN_OPS(fits_float)(st->var, rstd))
-        return 1;
-    return rstd >= FLT_MIN && rstd <= FLT_MAX && LN_OPS(constant_record)(x, d, st, rms);
+    return LN_OPS(fits_float)(st->var, rstd);
+#else
+    return st->var >= LN_F64_VAR_MIN && st->var <= DBL_MAX && rstd != 0.0 && !(rstd > DBL_MAX);
+#endif
+}
+
+/* ... or a constant record (constant_record) with 1/std in that range,
+ * which ln_output computes with the core instance too (the record path
+ * one at a time had made zero rows, one thread, float32 (4096, 16) take
+ * 518 us instead of 138 (ordinary rows 67), float16 557 instead of 168,
+ * float64 507 instead of 163; float32 (4096, 64) 432 instead of 161).
+ * Out of line: tested only where the plain test fails, it leaves the
+ * group's loop as it was (inlined, ordinary float32 (1e6, 16) took 1.06x
+ * as long). */
+static LN_NOINLINE int LN_OPS(short_is_constant)(const ln_rows *r, size_t k, const ln_stats *st,
+                                                 double rstd, int rms)
+{
+    const LN_S *x = (const LN_S *)((const char *)r->x + (ptrdiff_t)k * r->x_row);
+    if (!ln_eps_is_valid(r->eps[k]))
+        return 0;
+#if defined(LN_WIDE)
+    if (!(rstd >= FLT_MIN && rstd <= FLT_MAX))
+        return 0;
 #else
     if (rstd == 0.0 || rstd > DBL_MAX)
         return 0;
-    return (st->var >= LN_F64_VAR_MIN && st->var <= DBL_MAX) ||
-           LN_OPS(constant_record)(x, d, st, rms);
 #endif
+    return LN_OPS(constant_record)(x, r->d, st, rms);
 }
 
 static int LN_OPS(record_stats)(const ln_rows *r, size_t k, int rms);
@@ -356,9 +369,8 @@ LN_ALWAYS_INLINE int LN_OPS(norm_short_rows_in)(const ln_rows *r, int rms, int n
             LN_CORE(group_stats)(&g, x, r->x_row, n, dk ? dk : r->d, r->eps + k0, rms, narrow);
             for (size_t k = 0; k < n; k++) {
                 ln_stats st = {.mean = g.mean[k], .var = g.var[k]};
-                const LN_S *xk = (const LN_S *)(x + (ptrdiff_t)k * r->x_row);
-                keep[k] = LN_OPS(short_is_plain)(xk, dk ? dk : r->d, &st, r->eps[k0 + k],
-                                                 g.rstd[k], rms);
+                keep[k] = LN_OPS(short_is_plain)(&st, r->eps[k0 + k], g.rstd[k]) ||
+                          LN_OPS(short_is_constant)(r, k0 + k, &st, g.rstd[k], rms);
                 if (keep[k])
                     r->st[k0 + k] = st;
             }
