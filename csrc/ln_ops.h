@@ -626,10 +626,9 @@ static int LN_OPS(back_around_mean)(const ln_rows *r, size_t k, const LN_S *x, c
     double mean = own_mean ? LN_CORE(mean_of)(x, d) : 0.0;
     *m0 = rms ? 0.0 : (double)(LN_CT)(r->mean ? r->mean[k] : mean);
     LN_CORE(back_sums)(x, dy, r->w, d, (LN_CT)*m0, sums);
-    /* (Every x equal to that mean, and finite: a constant record, whose
-     * first pass gave the forward's mean exactly.) */
-    int constant = sums->max_t == 0.0 && isfinite(*m0) && isfinite(sums->st);
-    if (own_mean && !constant && !LN_OPS(forward_var_in_range)(mean, sums, d)) {
+    /* (A constant record's first pass gave the forward's mean exactly.) */
+    if (own_mean && !ln_back_constant(sums, *m0) &&
+        !LN_OPS(forward_var_in_range)(mean, sums, d)) {
         if (LN_OPS(forward_mean)(x, d, r->spare, m0) != LN_OK)
             return LN_ENOMEM;
         LN_CORE(back_sums)(x, dy, r->w, d, (LN_CT)*m0, sums);
@@ -665,15 +664,14 @@ static int LN_OPS(back_record)(const ln_rows *r, size_t k, double w_max, int rms
         LN_OPS(back_ready)(r, x, dy, dx, &sums, &c, p);
         return LN_OK;
     }
-    /* Every x equal to the shift, and finite: a constant record, whose
-     * forward mean is that value (its first pass sums zeros), so the pass
-     * just taken is the one around it (a row of zeros took four more
-     * passes). A sign of zero in which they differ changes none of the
-     * sums. Else the pass around the forward's mean. */
     if (known) { /* the caller's pass around the forward's mean (known_m0) */
         sums = *known;
         m0 = known_m0;
-    } else if (shifted && sums.max_t == 0.0 && isfinite(shift) && isfinite(sums.st)) {
+    } else if (shifted && ln_back_constant(&sums, shift)) {
+        /* A constant record: the shift is its forward mean (its first
+         * pass sums zeros), so the pass just taken is the one around it
+         * (a row of zeros took four more passes). A sign of zero in which
+         * they differ changes none of the sums. */
         m0 = shift;
     } else if (LN_OPS(back_around_mean)(r, k, x, dy, rms, &m0, &sums) != LN_OK) {
         return LN_ENOMEM;
@@ -1014,7 +1012,7 @@ LN_ALWAYS_INLINE int LN_OPS(back_short_rows_d)(const ln_rows *r, int rms, size_t
             if (keep != none) {
                 s = ln_back_group_sums_at(&bg.s, k);
                 m0 = (double)bg.m0[k];
-                if (s.max_t == 0.0 && isfinite(m0) && isfinite(s.st))
+                if (ln_back_constant(&s, m0))
                     known = &s;
             }
             LN_OPS(back_prep) p;

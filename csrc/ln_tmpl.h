@@ -165,6 +165,15 @@ typedef struct {
     double max_dy, max_t;
 } ln_back_sums;
 
+/* Do a record's sums around m0 show a constant record: every x equal to
+ * m0 (max |x - m0| = 0; a NaN, which the maximum skips, makes the sum of
+ * t NaN), and m0 finite? Then m0 is its forward mean, and these are the
+ * sums around it (ln_ops.h's backward takes no other pass for it). */
+static inline int ln_back_constant(const ln_back_sums *s, double m0)
+{
+    return s->max_t == 0.0 && isfinite(m0) && isfinite(s->st);
+}
+
 /* The records of a short group (ln_lane.h: short records are done that
  * many at a time). */
 #define LN_SHORT_GROUP 16
