@@ -427,29 +427,46 @@ static inline __m256 ln_float_of_bf16(__m128i h)
 }
 
 /* The bfloat16 bits of eight floats, each in the low half of its 32-bit
- * lane: ln_float_to_bf16's rounding (to nearest even on the bits; a NaN
- * keeps its top bits, made quiet), the NaNs' blend only when there are
- * any. */
+ * lane: ln_float_to_bf16's rounding (to nearest even on the bits), right
+ * for every float but NaN (ln_bf16_quiet). */
+static inline __m256i ln_bf16_round(__m256 f)
+{
+    __m256i u = _mm256_castps_si256(f);
+    __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    return _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb),
+                             16);
+}
+
+/* h (ln_bf16_round of f) with f's NaNs as ln_float_to_bf16 has them: the
+ * top bits, made quiet. */
+static inline __m256i ln_bf16_quiet(__m256i h, __m256 f)
+{
+    __m256i top = _mm256_or_si256(_mm256_srli_epi32(_mm256_castps_si256(f), 16),
+                                  _mm256_set1_epi32(0x40));
+    return _mm256_blendv_epi8(h, top, _mm256_castps_si256(_mm256_cmp_ps(f, f, _CMP_UNORD_Q)));
+}
+
+/* ln_float_to_bf16 of eight floats, in the low halves of their lanes; the
+ * NaNs' blend only when there are any. */
 static inline __m256i ln_bf16_bits(__m256 f)
 {
-    __m256i u = _mm256_castps_si256(f), top = _mm256_srli_epi32(u, 16);
-    __m256i lsb = _mm256_and_si256(top, _mm256_set1_epi32(1));
-    __m256i h = _mm256_srli_epi32(
-        _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb), 16);
-    __m256 nan = _mm256_cmp_ps(f, f, _CMP_UNORD_Q);
-    if (_mm256_movemask_ps(nan))
-        h = _mm256_blendv_epi8(h, _mm256_or_si256(top, _mm256_set1_epi32(0x40)),
-                               _mm256_castps_si256(nan));
+    __m256i h = ln_bf16_round(f);
+    if (_mm256_movemask_ps(_mm256_cmp_ps(f, f, _CMP_UNORD_Q)))
+        h = ln_bf16_quiet(h, f);
     return h;
 }
 
-/* Sixteen floats (lo's eight first) as bfloat16, in order: one pack (32
- * -> 16 bits, values below 2^16: no saturation) and one lane permute for
- * both halves. */
+/* Sixteen floats (lo's eight first) as bfloat16, in order: one test for
+ * NaNs in either half, one pack (32 -> 16 bits, values below 2^16: no
+ * saturation) and one lane permute for both halves. */
 static inline __m256i ln_bf16_of16(__m256 lo, __m256 hi)
 {
-    return _mm256_permute4x64_epi64(_mm256_packus_epi32(ln_bf16_bits(lo), ln_bf16_bits(hi)),
-                                    0xd8);
+    __m256i a = ln_bf16_round(lo), b = ln_bf16_round(hi);
+    if (_mm256_movemask_ps(_mm256_cmp_ps(lo, hi, _CMP_UNORD_Q))) {
+        a = ln_bf16_quiet(a, lo);
+        b = ln_bf16_quiet(b, hi);
+    }
+    return _mm256_permute4x64_epi64(_mm256_packus_epi32(a, b), 0xd8);
 }
 
 /* Eight floats as bfloat16, in order. */
