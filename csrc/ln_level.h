@@ -92,7 +92,11 @@
 #define LN_CORE(f) f##_f16
 #define LN_WIDE(f) f##_f16_wide
 #define LN_OPS(f) f##_f16
+#if defined(LN_BACK_GROUP_F16)
+#define LN_BACK_GROUP_LOOP LN_BACK_GROUP_F16
+#endif
 #include "ln_ops.h"
+#undef LN_BACK_GROUP_LOOP
 #undef LN_CORE
 #undef LN_WIDE
 #undef LN_OPS

@@ -771,8 +771,8 @@ static size_t LN_OPS(back_stream_from)(const ln_rows *r, const LN_S *dx)
 static void LN_OPS(group_terms)(const ln_rows *r, const LN_OPS(back_prep) *p, size_t m,
                                 size_t i0, size_t i1, int levels, int apply, size_t next)
 {
-    const LN_S *x[LN_BACK_GROUP], *dy[LN_BACK_GROUP];
-    LN_S *dx[LN_BACK_GROUP];
+    const void *x[LN_BACK_GROUP], *dy[LN_BACK_GROUP];
+    void *dx[LN_BACK_GROUP];
     LN_CT hi[LN_BACK_GROUP], rs[LN_BACK_GROUP], off[LN_BACK_GROUP];
     LN_CT a[LN_BACK_GROUP], bm[LN_BACK_GROUP];
     for (size_t j = 0; j < m; j++) { /* as back_output_span has them */
@@ -847,14 +847,9 @@ static void LN_OPS(back_finish)(const ln_rows *r, const LN_OPS(back_prep) *p, si
                                 levels, apply, next);
 #endif
     }
-    for (size_t j = 0; j < m; j++) {
-        if (!grouped) {
-            LN_CORE(back_counted)(r->dw, r->db, p[j].path);
-            continue;
-        }
-        ln_acc_count(r->dw, levels); /* float32: no dbias terms on a grid */
-        ln_acc_count(r->db, levels);
-    }
+    for (size_t j = 0; j < m; j++) /* a group's records on the group's levels */
+        LN_CORE(back_counted)(r->dw, r->db,
+                              !grouped ? p[j].path : levels == 3 ? LN_DEPOSIT_3 : LN_DEPOSIT_2);
     if (r->dw)
         ln_acc_spill_if_due(r->dw);
     if (r->db)

@@ -400,11 +400,12 @@ static inline void ln_acc_count_db(ln_acc *db, int levels, int on_grid)
         ln_acc_count(db, levels);
 }
 
-/* The rows of a group of float32 records and their coefficients, as a
- * level's group loops take them (ln_x86.h's ln_back_group_nv). */
+/* The rows of a group of records (float32 or float16, as the loop's
+ * instance has them) and their float coefficients, as a level's group
+ * loops take them (ln_x86.h's ln_back_group_nv). */
 typedef struct {
-    const float *const *x, *const *dy; /* the m records' rows */
-    float *const *dx;                    /* written by the apply loop only */
+    const void *const *x, *const *dy; /* the m records' rows */
+    void *const *dx;                    /* written by the apply loop only */
     const float *w;                      /* the gain (ones without one), apply only */
     const float *hi, *r, *c, *a, *bm;    /* per record: normalize's and grad_input's */
     /* The next group's an records (0: none) to ask for ahead: their
