@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import layernorm_c as lnc
-from cases import F16, F32, F64, LAYOUTS
+from cases import BLOCK, F16, F32, F64, LANES, LAYOUTS
 from core_strategies import assert_same_bits
 from subprocess_support import run_python
 
@@ -169,6 +169,29 @@ def test_reproducible_across_levels_threads_and_layouts(restore_settings):
         xl = LAYOUTS[layout](x)
         assert_same_bits(np.ascontiguousarray(lnc.layer_norm(xl, w, b)), want[0], layout)
         assert_same_bits(np.ascontiguousarray(lnc.rms_norm(xl, w)), want[1], layout)
+
+
+def test_every_level_matches_scalar_on_the_forward_tails(restore_settings):
+    """Every record width up to four lane rows, and around the statistics'
+    blocks: the levels' own loops (the AVX2 statistics read bfloat16 lanes
+    in another register layout than the natural one, and partial lane rows
+    at the end) give the scalar level's bits, for the one-pass statistics
+    of long records and their two-pass fallback (a large offset)."""
+    rng = np.random.default_rng(21)
+    widths = list(range(1, 4 * LANES + 3)) + [BLOCK - 1, BLOCK + 7, 2 * BLOCK + LANES + 5]
+    for d in widths:
+        for offset in (0.0, 300.0):
+            x = (offset + rng.standard_normal((3, d))).astype(BF16)
+            w = rng.uniform(0.5, 2, d).astype(BF16)
+            b = rng.standard_normal(d).astype(BF16)
+            lnc.set_isa("scalar")
+            want = (lnc.layer_norm(x, w, b, return_stats=True), lnc.rms_norm(x, w, return_stats=True))
+            for isa in lnc.supported_isas()[1:]:
+                lnc.set_isa(isa)
+                got = (lnc.layer_norm(x, w, b, return_stats=True), lnc.rms_norm(x, w, return_stats=True))
+                for g, e, name in zip(got[0] + got[1], want[0] + want[1],
+                                      ("y", "mean", "var", "rms y", "ms")):
+                    assert_same_bits(g, e, f"{name} ({isa}, d={d}, offset {offset})")
 
 
 def test_rounding_of_subnormal_infinite_and_nan_outputs_on_every_level(restore_settings):
