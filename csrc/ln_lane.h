@@ -670,6 +670,17 @@ static double LN_FN(sum_squares)(const LN_S *x, size_t d, LN_T hi, LN_T lo)
 {
     if (d <= LN_SHORT)
         return LN_FN(sum_squares_short)(x, d, hi, lo);
+#if defined(LN_SHIFTED_SQUARES_ROWS)
+    /* hi and lo 0 (RMSNorm's sums) in float: the centered values are x
+     * itself (x - 0 is x), whose squares the level's loop sums in this
+     * order (no shifted sums: t1 NULL). float64's loop has no such mode:
+     * computing its shifted sums as well made (64, 768) 1.15x slower. */
+    if (sizeof(LN_T) == sizeof(float) && hi == 0 && lo == 0) {
+        double t[LN_LANES];
+        LN_SHIFTED_SQUARES_ROWS(x, d, (LN_T)0, (LN_T)0, NULL, t);
+        return ln_tree_sum(t);
+    }
+#endif
     double total[LN_LANES] = {0};
     size_t i = 0;
     for (; LN_PAIR_BLOCKS && i + 2 * LN_BLOCK <= d; i += 2 * LN_BLOCK) {

@@ -915,9 +915,17 @@ static inline void ln_load16_first(const void *p, size_t n, int kind, __m256 v[2
     v[1] = ln_load8_first((const char *)p + 8 * es, n > 8 ? n - 8 : 0, kind);
 }
 
-/* One lane row's sixteen elements of the part, v[0] and v[1]. */
-static inline void ln_stats_step16(ln_stats_part16 *p, const __m256 v[2], __m256 shift, __m256 c)
+/* One lane row's sixteen elements of the part, v[0] and v[1]; without
+ * shifted (a constant), the squares of v alone (c is 0 then, and v - 0
+ * is v). */
+static inline void ln_stats_step16(ln_stats_part16 *p, const __m256 v[2], __m256 shift, __m256 c,
+                                   int shifted)
 {
+    if (!shifted) {
+        p->q[0] = _mm256_fmadd_ps(v[0], v[0], p->q[0]);
+        p->q[1] = _mm256_fmadd_ps(v[1], v[1], p->q[1]);
+        return;
+    }
     __m256 u0 = _mm256_sub_ps(v[0], c), u1 = _mm256_sub_ps(v[1], c);
     p->a[0] = _mm256_add_ps(p->a[0], _mm256_sub_ps(v[0], shift));
     p->a[1] = _mm256_add_ps(p->a[1], _mm256_sub_ps(v[1], shift));
@@ -929,11 +937,11 @@ static inline void ln_stats_step16(ln_stats_part16 *p, const __m256 v[2], __m256
  * the part): lanes below n take their element, the others keep what they
  * had. */
 static inline void ln_stats_step16_first(ln_stats_part16 *p, const void *x, size_t n,
-                                         __m256 shift, __m256 c, int kind)
+                                         __m256 shift, __m256 c, int kind, int shifted)
 {
     __m256 a[2] = {p->a[0], p->a[1]}, q[2] = {p->q[0], p->q[1]}, v[2];
     ln_load16_first(x, n, kind, v);
-    ln_stats_step16(p, v, shift, c);
+    ln_stats_step16(p, v, shift, c, shifted);
     for (int r = 0; r < 2; r++) {
         int l0 = ln_part16_lane(kind, r, 0), l1 = ln_part16_lane(kind, r, 1);
         __m256i lane = _mm256_setr_epi32(l0, l0 + 1, l0 + 2, l0 + 3, l1, l1 + 1, l1 + 2, l1 + 3);
@@ -964,10 +972,12 @@ static inline void ln_stats_flush16(ln_stats_part16 *p, int kind)
 }
 
 /* The totals (lane by lane, before the tree) of a record's one-pass sums;
- * rows of `kind`. */
+ * rows of `kind`. Without shifted (a constant; t1 unused), the squares of
+ * x alone: sum_squares of ln_lane.h with hi = lo = 0 (RMSNorm's sums),
+ * whose centered values are x itself, in the same order. */
 static inline __attribute__((always_inline)) void
 ln_shifted_squares_rows(const void *x, size_t d, float shift, float c, double t1[LN_LANES],
-                        double t2[LN_LANES], int kind)
+                        double t2[LN_LANES], int kind, int shifted)
 {
     const size_t es = kind == LN_ROWS_F32 ? 4 : 2;
     const char *xb = x;
@@ -982,38 +992,52 @@ ln_shifted_squares_rows(const void *x, size_t d, float shift, float c, double t1
             for (; i + LN_LANES <= end; i += LN_LANES) {
                 __m256 v[2];
                 ln_load16(xb + (i + j0) * es, kind, v);
-                ln_stats_step16(&p, v, vs, vc);
+                ln_stats_step16(&p, v, vs, vc, shifted);
             }
             if (i + j0 < end) {
                 size_t n = end - (i + j0);
-                ln_stats_step16_first(&p, xb + (i + j0) * es, n < 16 ? n : 16, vs, vc, kind);
+                ln_stats_step16_first(&p, xb + (i + j0) * es, n < 16 ? n : 16, vs, vc, kind,
+                                      shifted);
             }
             ln_stats_flush16(&p, kind);
             i = end;
         }
         for (int h = 0; h < 4; h++) {
-            _mm256_storeu_pd(t1 + j0 + 4 * h, p.t1[h]);
+            if (shifted)
+                _mm256_storeu_pd(t1 + j0 + 4 * h, p.t1[h]);
             _mm256_storeu_pd(t2 + j0 + 4 * h, p.t2[h]);
         }
     }
 }
 
+/* The level's hook (ln_lane.h's sum_shifted_squares and sum_squares): t1
+ * NULL asks for the squares of x alone (shift and c 0). */
+static inline __attribute__((always_inline)) void
+ln_shifted_squares_kind(const void *x, size_t d, float shift, float c, double t1[LN_LANES],
+                        double t2[LN_LANES], int kind)
+{
+    if (t1)
+        ln_shifted_squares_rows(x, d, shift, c, t1, t2, kind, 1);
+    else
+        ln_shifted_squares_rows(x, d, 0.0f, 0.0f, NULL, t2, kind, 0);
+}
+
 static void ln_shifted_squares_f32(const float *x, size_t d, float shift, float c,
                                    double t1[LN_LANES], double t2[LN_LANES])
 {
-    ln_shifted_squares_rows(x, d, shift, c, t1, t2, LN_ROWS_F32);
+    ln_shifted_squares_kind(x, d, shift, c, t1, t2, LN_ROWS_F32);
 }
 
 static void ln_shifted_squares_f16(const uint16_t *x, size_t d, float shift, float c,
                                    double t1[LN_LANES], double t2[LN_LANES])
 {
-    ln_shifted_squares_rows(x, d, shift, c, t1, t2, LN_ROWS_F16);
+    ln_shifted_squares_kind(x, d, shift, c, t1, t2, LN_ROWS_F16);
 }
 
 static void ln_shifted_squares_bf16(const uint16_t *x, size_t d, float shift, float c,
                                     double t1[LN_LANES], double t2[LN_LANES])
 {
-    ln_shifted_squares_rows(x, d, shift, c, t1, t2, LN_ROWS_BF16);
+    ln_shifted_squares_kind(x, d, shift, c, t1, t2, LN_ROWS_BF16);
 }
 /*
  * The same for float64 rows, whose block lanes are double: sixteen lanes
