@@ -21,6 +21,19 @@
 #define LN_CT_MAX DBL_MAX
 #endif
 
+/* Is 1/std one the core instance computes with? For the float types, a
+ * normal float (a subnormal 1/std, from a huge eps, has lost digits); for
+ * float64, nonzero and not above DBL_MAX (else the record is computed at
+ * its scale). */
+static inline int LN_OPS(rstd_fits)(double rstd)
+{
+#if defined(LN_WIDE)
+    return (rstd >= FLT_MIN) & (rstd <= FLT_MAX);
+#else
+    return rstd != 0.0 && !(rstd > DBL_MAX);
+#endif
+}
+
 /* Is the record, whose statistics came out with variance 0, one of equal
  * finite values (of zeros, for RMSNorm)? A variance of 0 alone does not
  * tell one: the squares of a tiny spread underflow. Its centered values
@@ -54,8 +67,7 @@ static void LN_OPS(ln_stats)(const LN_S *x, size_t d, ln_stats *st, int rms)
  * 1/std, from a huge eps, has lost digits). */
 static int LN_OPS(fits_float)(double var, double rstd)
 {
-    return (var >= LN_F32_VAR_MIN) & (var <= LN_F32_VAR_MAX) & (rstd >= FLT_MIN) &
-           (rstd <= FLT_MAX);
+    return (var >= LN_F32_VAR_MIN) & (var <= LN_F32_VAR_MAX) & LN_OPS(rstd_fits)(rstd);
 }
 
 static int LN_OPS(ln_output)(const LN_S *x, LN_S *y, size_t d, const LN_P *w,
@@ -72,7 +84,7 @@ static int LN_OPS(ln_output)(const LN_S *x, LN_S *y, size_t d, const LN_P *w,
     /* var 0: a constant record (constant_record; for float storage no
      * square underflows in double, so the fallback's variance is 0 for
      * no other). */
-    int constant = st->var == 0.0 && rstd >= FLT_MIN && rstd <= FLT_MAX;
+    int constant = st->var == 0.0 && LN_OPS(rstd_fits)(rstd);
     if (LN_OPS(fits_float)(st->var, rstd) || constant)
         LN_CORE(output)(x, y, d, st, rstd, w, b, stream, ahead);
     else
@@ -155,7 +167,7 @@ static int LN_OPS(ln_output)(const LN_S *x, LN_S *y, size_t d, const LN_P *w,
     int tiny = st->var < LN_F64_VAR_MIN && !LN_OPS(constant_record)(x, d, st, rms);
     if (tiny)
         s = LN_OPS(record_scale)(x, d);
-    if ((!tiny || !(eps * s * s <= DBL_MAX)) && rstd != 0.0 && !(rstd > DBL_MAX)) {
+    if ((!tiny || !(eps * s * s <= DBL_MAX)) && LN_OPS(rstd_fits)(rstd)) {
         LN_CORE(output)(x, y, d, st, rstd, w, b, stream, ahead);
         return LN_OK;
     }
@@ -288,7 +300,7 @@ static int LN_OPS(short_is_plain)(const ln_stats *st, double eps, double rstd)
 #if defined(LN_WIDE)
     return LN_OPS(fits_float)(st->var, rstd);
 #else
-    return st->var >= LN_F64_VAR_MIN && st->var <= DBL_MAX && rstd != 0.0 && !(rstd > DBL_MAX);
+    return st->var >= LN_F64_VAR_MIN && st->var <= DBL_MAX && LN_OPS(rstd_fits)(rstd);
 #endif
 }
 
@@ -304,15 +316,8 @@ static LN_NOINLINE int LN_OPS(short_is_constant)(const ln_rows *r, size_t k, con
                                                  double rstd, int rms)
 {
     const LN_S *x = (const LN_S *)((const char *)r->x + (ptrdiff_t)k * r->x_row);
-    if (!ln_eps_is_valid(r->eps[k]))
+    if (!ln_eps_is_valid(r->eps[k]) || !LN_OPS(rstd_fits)(rstd))
         return 0;
-#if defined(LN_WIDE)
-    if (!(rstd >= FLT_MIN && rstd <= FLT_MAX))
-        return 0;
-#else
-    if (rstd == 0.0 || rstd > DBL_MAX)
-        return 0;
-#endif
     return LN_OPS(constant_record)(x, r->d, st, rms);
 }
 
