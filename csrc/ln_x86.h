@@ -126,6 +126,13 @@ static inline void ln_stream_row_f16(uint16_t *p, const float *v)
     }
 }
 
+/* Eight bfloat16 values as floats (exact: the bits moved up), for both
+ * levels' 256-bit loops. */
+static inline __m256 ln_float8_of_bf16(__m128i h)
+{
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
 /* The first n <= width of a row (zeros beyond, up to width), and back: masked loads
  * and stores with AVX-512, a small zero-padded buffer with AVX2 (which has
  * no 16-bit masked moves). Nothing past n is read or written. */
@@ -137,14 +144,13 @@ static inline __mmask16 ln_first16(size_t n)
 #endif
 
 #if LN_VEC_BYTES == 32
-static inline __m256 ln_float_of_bf16(__m128i h);
 static inline __m128i ln_bf16_of8(__m256 f);
 
 /* Eight 16-bit values as floats (bf: bfloat16, else float16), and eight
  * floats rounded to them (to nearest even). */
 static inline __m256 ln_float_of_h8(__m128i h, int bf)
 {
-    return bf ? ln_float_of_bf16(h) : _mm256_cvtph_ps(h);
+    return bf ? ln_float8_of_bf16(h) : _mm256_cvtph_ps(h);
 }
 
 static inline __m128i ln_h8_of(__m256 f, int bf)
@@ -421,11 +427,6 @@ static inline void ln_store_part_bf16(uint16_t *p, const float *v, size_t n, siz
 #define LN_LOAD_PART_BF16 ln_load_part_bf16
 #define LN_STORE_PART_BF16 ln_store_part_bf16
 #else
-static inline __m256 ln_float_of_bf16(__m128i h)
-{
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
-
 /* The bfloat16 bits of eight floats, each in the low half of its 32-bit
  * lane: ln_float_to_bf16's rounding (to nearest even on the bits), right
  * for every float but NaN (ln_bf16_quiet). */
@@ -492,7 +493,7 @@ static inline void ln_store_part_bf16(uint16_t *p, const float *v, size_t n, siz
 static inline void ln_load_row_bf16(float *v, const uint16_t *p)
 {
     for (size_t j = 0; j < LN_LANES; j += 8)
-        _mm256_storeu_ps(v + j, ln_float_of_bf16(_mm_loadu_si128((const __m128i *)(p + j))));
+        _mm256_storeu_ps(v + j, ln_float8_of_bf16(_mm_loadu_si128((const __m128i *)(p + j))));
 }
 
 static inline void ln_store_row_bf16(uint16_t *p, const float *v)
@@ -507,7 +508,10 @@ static inline void ln_store_row_bf16(uint16_t *p, const float *v)
 #define LN_STORE_ROW_BF16 ln_store_row_bf16
 
 /* ---- the backward's sums, AVX2 ---------------------------------------- */
-#if LN_VEC_BYTES == 32
+/* This part, to the end of the group loops, is 256-bit code: the AVX2
+ * level's own, and the AVX-512 level's too where it sets LN_YMM_LOOPS
+ * (ln_avx512.c), built there with its 32 registers. */
+#if LN_VEC_BYTES == 32 || defined(LN_YMM_LOOPS)
 /*
  * back_sums of ln_lane.h (the four sums of ln_contract.h, item 10, and the
  * two maxima) with its lanes in registers: sixteen lanes at a time (two
@@ -528,7 +532,7 @@ static inline __m256 ln_load8(const void *p, int kind)
     if (kind == LN_ROWS_F16)
         return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
     if (kind == LN_ROWS_BF16)
-        return ln_float_of_bf16(_mm_loadu_si128((const __m128i *)p));
+        return ln_float8_of_bf16(_mm_loadu_si128((const __m128i *)p));
     return _mm256_loadu_ps((const float *)p);
 }
 
