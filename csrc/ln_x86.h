@@ -1535,6 +1535,128 @@ static inline void ln_deposit2_4(__m256i s[3], __m256d v)
         s[2], _mm256_castpd_si256(_mm256_add_pd(v, _mm256_sub_pd(_mm256_set1_pd(LN_ACC_C12), t))));
 }
 
+/* The two parameter-gradient terms of eight features (dweight's dy *
+ * xhat and dbias's dy, in double) summed across records on `levels`
+ * levels in registers, then put into the features' level sums.
+ * AVX-512 holds the eight doubles in one register; AVX2 takes two halves
+ * of four. Either way each term is deposited as ln_deposit3/ln_deposit2
+ * and ln_deposit_db do, and integers are summed: the same bits.
+ * on_grid (float16 rows): dbias's terms skip the lowest level. */
+#if LN_VEC_BYTES == 64
+typedef struct {
+    __m512i w[LN_ACC_LEVELS], b[LN_ACC_LEVELS];
+} ln_terms8;
+
+static inline __m512d ln_deposit_top8(__m512i s[3], __m512d v)
+{
+    const __m512d c0 = _mm512_set1_pd(LN_ACC_C0);
+    __m512d t = _mm512_add_pd(v, c0);
+    s[0] = _mm512_add_epi64(s[0], _mm512_castpd_si512(t));
+    return _mm512_sub_pd(v, _mm512_sub_pd(t, c0));
+}
+
+static inline __m512i ln_on_level1_8(__m512i s1, __m512d v)
+{
+    return _mm512_add_epi64(s1, _mm512_castpd_si512(_mm512_add_pd(v, _mm512_set1_pd(LN_ACC_C1))));
+}
+
+static inline void ln_deposit2_8(__m512i s[3], __m512d v)
+{
+    __m512d t = _mm512_add_pd(v, _mm512_set1_pd(LN_ACC_C1));
+    s[1] = _mm512_add_epi64(s[1], _mm512_castpd_si512(t));
+    s[2] = _mm512_add_epi64(
+        s[2], _mm512_castpd_si512(_mm512_add_pd(v, _mm512_sub_pd(_mm512_set1_pd(LN_ACC_C12), t))));
+}
+
+static inline void ln_terms8_zero(ln_terms8 *s)
+{
+    for (int l = 0; l < LN_ACC_LEVELS; l++)
+        s->w[l] = s->b[l] = _mm512_setzero_si512();
+}
+
+/* dv, xh: the eight features' dy and xhat (floats); dy_f32, the same dy
+ * in memory when the row is float32 (else NULL: AVX2 reads its halves
+ * from there). */
+static inline void ln_terms8_add(ln_terms8 *s, __m256 dv, __m256 xh, const float *dy_f32,
+                                 int levels, int on_grid)
+{
+    (void)dy_f32;
+    __m512d u = _mm512_cvtps_pd(dv);
+    __m512d v = _mm512_mul_pd(u, _mm512_cvtps_pd(xh));
+    if (levels == 3) {
+        v = ln_deposit_top8(s->w, v);
+        u = ln_deposit_top8(s->b, u);
+    }
+    ln_deposit2_8(s->w, v);
+    if (on_grid) /* u's remainder on the lowest level is 0 */
+        s->b[1] = ln_on_level1_8(s->b[1], u);
+    else
+        ln_deposit2_8(s->b, u);
+}
+
+/* Level l's eight sums of each term to pw and pb: added to what is
+ * there, or (add 0) stored. */
+static inline void ln_terms8_put(const ln_terms8 *s, int l, uint64_t *pw, uint64_t *pb, int add)
+{
+    __m512i w = s->w[l], b = s->b[l];
+    if (add) {
+        w = _mm512_add_epi64(_mm512_loadu_si512(pw), w);
+        b = _mm512_add_epi64(_mm512_loadu_si512(pb), b);
+    }
+    _mm512_storeu_si512(pw, w);
+    _mm512_storeu_si512(pb, b);
+}
+#else
+typedef struct {
+    __m256i w[2][LN_ACC_LEVELS], b[2][LN_ACC_LEVELS]; /* [lanes 0-3, 4-7][level] */
+} ln_terms8;
+
+static inline void ln_terms8_zero(ln_terms8 *s)
+{
+    for (int h = 0; h < 2; h++)
+        for (int l = 0; l < LN_ACC_LEVELS; l++)
+            s->w[h][l] = s->b[h][l] = _mm256_setzero_si256();
+}
+
+static inline void ln_terms8_add(ln_terms8 *s, __m256 dv, __m256 xh, const float *dy_f32,
+                                 int levels, int on_grid)
+{
+    for (int h = 0; h < 2; h++) {
+        __m128 xhh = h ? _mm256_extractf128_ps(xh, 1) : _mm256_castps256_ps128(xh);
+        /* float32 dy's halves converted from memory: no extract */
+        __m128 dh = dy_f32 ? _mm_loadu_ps(dy_f32 + 4 * h)
+                    : h    ? _mm256_extractf128_ps(dv, 1)
+                           : _mm256_castps256_ps128(dv);
+        __m256d u = _mm256_cvtps_pd(dh);
+        __m256d v = _mm256_mul_pd(u, _mm256_cvtps_pd(xhh));
+        if (levels == 3) {
+            v = ln_deposit_top4(s->w[h], v);
+            u = ln_deposit_top4(s->b[h], u);
+        }
+        ln_deposit2_4(s->w[h], v);
+        if (on_grid) /* u's remainder on the lowest level is 0 */
+            s->b[h][1] = _mm256_add_epi64(
+                s->b[h][1], _mm256_castpd_si256(_mm256_add_pd(u, _mm256_set1_pd(LN_ACC_C1))));
+        else
+            ln_deposit2_4(s->b[h], u);
+    }
+}
+
+static inline void ln_terms8_put(const ln_terms8 *s, int l, uint64_t *pw, uint64_t *pb, int add)
+{
+    for (int h = 0; h < 2; h++) {
+        __m256i *qw = (__m256i *)(pw + 4 * h), *qb = (__m256i *)(pb + 4 * h);
+        __m256i w = s->w[h][l], b = s->b[h][l];
+        if (add) {
+            w = _mm256_add_epi64(_mm256_loadu_si256(qw), w);
+            b = _mm256_add_epi64(_mm256_loadu_si256(qb), b);
+        }
+        _mm256_storeu_si256(qw, w);
+        _mm256_storeu_si256(qb, b);
+    }
+}
+#endif
+
 /* dx of the kept records of a group (as ln_short_back_sums_nv reads x and
  * dy) into dst's rows, and the terms of all LN_SHORT_GROUP records (dy *
  * xhat and dy in double; 0 for a record not kept) on `levels` levels (2
@@ -1549,11 +1671,8 @@ ln_short_back_output_nv(const char *x, ptrdiff_t x_row, const char *dy, ptrdiff_
 {
     for (int q = 0; q < nv; q++) {
         const __m256 w = _mm256_loadu_ps(wp + 8 * q);
-        __m256i s[2][2][LN_ACC_LEVELS]; /* [dweight, dbias][lanes 0-3, 4-7][level] */
-        for (int i = 0; i < 2; i++)
-            for (int h = 0; h < 2; h++)
-                for (int l = 0; l < LN_ACC_LEVELS; l++)
-                    s[i][h][l] = _mm256_setzero_si256();
+        ln_terms8 s;
+        ln_terms8_zero(&s);
         for (size_t k = 0; k < LN_SHORT_GROUP; k++) {
             size_t kk = k < n ? k : n - 1;
             __m256 xv = _mm256_loadu_ps((const float *)(x + (ptrdiff_t)kk * x_row) + 8 * q);
@@ -1569,26 +1688,13 @@ ln_short_back_output_nv(const char *x, ptrdiff_t x_row, const char *dy, ptrdiff_
                 _mm256_storeu_ps((float *)(dst + (ptrdiff_t)k * dst_row) + 8 * q, o);
             if (!levels)
                 continue;
-            __m256d km = _mm256_castsi256_pd(_mm256_set1_epi64x(-(int64_t)(co->keep[k] != 0)));
-            for (int h = 0; h < 2; h++) {
-                __m128 dh = h ? _mm256_extractf128_ps(dv, 1) : _mm256_castps256_ps128(dv);
-                __m128 xhh = h ? _mm256_extractf128_ps(xh, 1) : _mm256_castps256_ps128(xh);
-                __m256d u = _mm256_cvtps_pd(dh);
-                __m256d v = _mm256_and_pd(_mm256_mul_pd(u, _mm256_cvtps_pd(xhh)), km);
-                u = _mm256_and_pd(u, km);
-                if (levels == 3) {
-                    v = ln_deposit_top4(s[0][h], v);
-                    u = ln_deposit_top4(s[1][h], u);
-                }
-                ln_deposit2_4(s[0][h], v);
-                ln_deposit2_4(s[1][h], u);
-            }
+            /* a record not kept adds terms of +0 (dy and xhat both +0:
+             * no NaN from its xhat) */
+            __m256 km = _mm256_castsi256_ps(_mm256_set1_epi32(-(int)(co->keep[k] != 0)));
+            ln_terms8_add(&s, _mm256_and_ps(dv, km), _mm256_and_ps(xh, km), NULL, levels, 0);
         }
         for (int l = LN_ACC_LEVELS - levels; levels && l < LN_ACC_LEVELS; l++)
-            for (int h = 0; h < 2; h++) {
-                _mm256_storeu_si256((__m256i *)(sw[l] + 8 * q + 4 * h), s[0][h][l]);
-                _mm256_storeu_si256((__m256i *)(sb[l] + 8 * q + 4 * h), s[1][h][l]);
-            }
+            ln_terms8_put(&s, l, sw[l] + 8 * q, sb[l] + 8 * q, 0);
     }
 }
 
@@ -1671,11 +1777,8 @@ ln_back_group_nv(const ln_group_rows *g, size_t m, size_t i0, size_t i1, uint64_
     const int on_grid = kind == LN_ROWS_F16; /* ln_deposit_db's */
     size_t i = i0;
     for (; i + 8 <= i1; i += 8) {
-        __m256i s[2][2][LN_ACC_LEVELS]; /* [dweight, dbias][lanes 0-3, 4-7][level] */
-        for (int q = 0; q < 2; q++)
-            for (int h = 0; h < 2; h++)
-                for (int l = 0; l < LN_ACC_LEVELS; l++)
-                    s[q][h][l] = _mm256_setzero_si256();
+        ln_terms8 s;
+        ln_terms8_zero(&s);
         __m256 wv = apply ? _mm256_loadu_ps(g->w + i) : _mm256_setzero_ps();
         for (size_t j = 0; j < m; j++) {
             if (!apply && i % 16 == 0 && j < g->an)
@@ -1690,34 +1793,11 @@ ln_back_group_nv(const ln_group_rows *g, size_t m, size_t i0, size_t i1, uint64_
                           _mm256_mul_ps(_mm256_fnmadd_ps(xh, _mm256_set1_ps(g->bm[j]), ga), rv),
                           kind);
             }
-            for (int h = 0; h < 2; h++) {
-                __m128 xhh = h ? _mm256_extractf128_ps(xh, 1) : _mm256_castps256_ps128(xh);
-                /* float32 dy's halves converted from memory: no extract */
-                __m128 dh = kind == LN_ROWS_F32 ? _mm_loadu_ps((const float *)dr + 4 * h)
-                            : h                 ? _mm256_extractf128_ps(dv, 1)
-                                                : _mm256_castps256_ps128(dv);
-                __m256d u = _mm256_cvtps_pd(dh);
-                __m256d v = _mm256_mul_pd(u, _mm256_cvtps_pd(xhh));
-                if (levels == 3) {
-                    v = ln_deposit_top4(s[0][h], v);
-                    u = ln_deposit_top4(s[1][h], u);
-                }
-                ln_deposit2_4(s[0][h], v);
-                if (on_grid) /* u's remainder on the lowest level is 0 */
-                    s[1][h][1] = _mm256_add_epi64(
-                        s[1][h][1],
-                        _mm256_castpd_si256(_mm256_add_pd(u, _mm256_set1_pd(LN_ACC_C1))));
-                else
-                    ln_deposit2_4(s[1][h], u);
-            }
+            ln_terms8_add(&s, dv, xh, kind == LN_ROWS_F32 ? (const float *)dr : NULL, levels,
+                          on_grid);
         }
         for (int l = LN_ACC_LEVELS - levels; l < LN_ACC_LEVELS; l++)
-            for (int h = 0; h < 2; h++) {
-                __m256i *pw = (__m256i *)(sw[l] + i + 4 * h);
-                __m256i *pb = (__m256i *)(sb[l] + i + 4 * h);
-                _mm256_storeu_si256(pw, _mm256_add_epi64(_mm256_loadu_si256(pw), s[0][h][l]));
-                _mm256_storeu_si256(pb, _mm256_add_epi64(_mm256_loadu_si256(pb), s[1][h][l]));
-            }
+            ln_terms8_put(&s, l, sw[l] + i, sb[l] + i, 1);
     }
     for (; i < i1; i++) /* the last features, a term at a time */
         for (size_t j = 0; j < m; j++) {
