@@ -855,11 +855,22 @@ LN_ALWAYS_INLINE void LN_FN(apply_params)(const LN_S *x, LN_S *y, size_t i0, siz
         LN_FN(apply_rows)(x, y, i0, d, hi, r, c, NULL, NULL, stream, ahead);
 }
 
+/* The output loops of rows read in place (float32, float64: no
+ * LN_LOAD_ROW) may be built for another vector width than the level's
+ * (LN_PLAIN_APPLY_ATTR, ln_avx512.c). */
+#undef LN_APPLY_ATTR
+#if defined(LN_PLAIN_APPLY_ATTR) && !defined(LN_LOAD_ROW)
+#define LN_APPLY_ATTR LN_PLAIN_APPLY_ATTR
+#else
+#define LN_APPLY_ATTR
+#endif
+
 /* x and y are either the same row or disjoint (the batch layer makes sure
  * of it): one copy for each, so that neither needs overlap checks. */
-static void LN_FN(apply_disjoint)(const LN_S *restrict x, LN_S *restrict y, size_t i0,
-                                  size_t d, LN_T hi, LN_T r, LN_T c, const LN_P *restrict w,
-                                  const LN_P *restrict b, int stream, const char *ahead)
+LN_APPLY_ATTR static void LN_FN(apply_disjoint)(const LN_S *restrict x, LN_S *restrict y,
+                                                size_t i0, size_t d, LN_T hi, LN_T r, LN_T c,
+                                                const LN_P *restrict w, const LN_P *restrict b,
+                                                int stream, const char *ahead)
 {
     if (stream)
         LN_FN(apply_params)(x, y, i0, d, hi, r, c, w, b, 1, ahead);
@@ -867,9 +878,10 @@ static void LN_FN(apply_disjoint)(const LN_S *restrict x, LN_S *restrict y, size
         LN_FN(apply_params)(x, y, i0, d, hi, r, c, w, b, 0, ahead);
 }
 
-static void LN_FN(apply_in_place)(LN_S *xy, size_t i0, size_t d, LN_T hi, LN_T r, LN_T c,
-                                  const LN_P *restrict w, const LN_P *restrict b, int stream,
-                                  const char *ahead)
+LN_APPLY_ATTR static void LN_FN(apply_in_place)(LN_S *xy, size_t i0, size_t d, LN_T hi, LN_T r,
+                                                LN_T c, const LN_P *restrict w,
+                                                const LN_P *restrict b, int stream,
+                                                const char *ahead)
 {
     if (stream)
         LN_FN(apply_params)(xy, xy, i0, d, hi, r, c, w, b, 1, ahead);
