@@ -267,7 +267,7 @@ def measure_latency(cfg: Config, peers: Peers) -> dict:
 #: exact sums.
 SUMS_MODES = {"dx": False, "plain": 2, "exact": True}
 #: Records of at most this many features go through the library's backward
-#: a group of records at a time (the AVX2 level) and through the plain
+#: a group of records at a time (the x86 levels) and through the plain
 #: baseline one at a time: exact/plain there is not the sums' cost.
 GROUPED_D = 64
 
@@ -343,7 +343,7 @@ def measure_sums_cost(cfg: Config, peers: Peers) -> dict:
     if short:
         notes.append(f"{', '.join(short)}: exact/plain is not the cost of the sums here: the "
                      f"plain baseline takes records of up to {GROUPED_D} features one at a time, "
-                     f"the library's backward (AVX2 level) a group of records at a time; read "
+                     f"the library's backward (x86 levels) a group of records at a time; read "
                      f"exact/dx only")
     return {"dtype": "float32", "threads": 1, "rows": rows, "notes": notes}
 
