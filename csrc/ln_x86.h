@@ -1516,24 +1516,6 @@ typedef struct {
     int keep[LN_SHORT_GROUP];
 } ln_short_back_coefs;
 
-/* ln_deposit_top and ln_deposit2 (ln_tmpl.h) of four terms, their level
- * sums s[0..2] in registers. */
-static inline __m256d ln_deposit_top4(__m256i s[3], __m256d v)
-{
-    const __m256d c0 = _mm256_set1_pd(LN_ACC_C0);
-    __m256d t = _mm256_add_pd(v, c0);
-    s[0] = _mm256_add_epi64(s[0], _mm256_castpd_si256(t));
-    return _mm256_sub_pd(v, _mm256_sub_pd(t, c0));
-}
-
-static inline void ln_deposit2_4(__m256i s[3], __m256d v)
-{
-    __m256d t = _mm256_add_pd(v, _mm256_set1_pd(LN_ACC_C1));
-    s[1] = _mm256_add_epi64(s[1], _mm256_castpd_si256(t));
-    s[2] = _mm256_add_epi64(
-        s[2], _mm256_castpd_si256(_mm256_add_pd(v, _mm256_sub_pd(_mm256_set1_pd(LN_ACC_C12), t))));
-}
-
 /* The two parameter-gradient terms of eight features (dweight's dy *
  * xhat and dbias's dy, in double) summed across records on `levels`
  * levels in registers, then put into the features' level sums.
@@ -1546,6 +1528,8 @@ typedef struct {
     __m512i w[LN_ACC_LEVELS], b[LN_ACC_LEVELS];
 } ln_terms8;
 
+/* ln_deposit_top and ln_deposit2 (ln_tmpl.h) of eight terms, their level
+ * sums s[0..2] in registers (each level's body has one width of them). */
 static inline __m512d ln_deposit_top8(__m512i s[3], __m512d v)
 {
     const __m512d c0 = _mm512_set1_pd(LN_ACC_C0);
@@ -1609,6 +1593,24 @@ static inline void ln_terms8_put(const ln_terms8 *s, int l, uint64_t *pw, uint64
 typedef struct {
     __m256i w[2][LN_ACC_LEVELS], b[2][LN_ACC_LEVELS]; /* [lanes 0-3, 4-7][level] */
 } ln_terms8;
+
+/* ln_deposit_top and ln_deposit2 (ln_tmpl.h) of four terms, their level
+ * sums s[0..2] in registers. */
+static inline __m256d ln_deposit_top4(__m256i s[3], __m256d v)
+{
+    const __m256d c0 = _mm256_set1_pd(LN_ACC_C0);
+    __m256d t = _mm256_add_pd(v, c0);
+    s[0] = _mm256_add_epi64(s[0], _mm256_castpd_si256(t));
+    return _mm256_sub_pd(v, _mm256_sub_pd(t, c0));
+}
+
+static inline void ln_deposit2_4(__m256i s[3], __m256d v)
+{
+    __m256d t = _mm256_add_pd(v, _mm256_set1_pd(LN_ACC_C1));
+    s[1] = _mm256_add_epi64(s[1], _mm256_castpd_si256(t));
+    s[2] = _mm256_add_epi64(
+        s[2], _mm256_castpd_si256(_mm256_add_pd(v, _mm256_sub_pd(_mm256_set1_pd(LN_ACC_C12), t))));
+}
 
 static inline void ln_terms8_zero(ln_terms8 *s)
 {
