@@ -17,10 +17,6 @@
 /* The forward's sums one block at a time (ln_lane.h): two blocks' lanes
  * and the totals spilled to the stack; float32 (64, 768) 7% faster. */
 #define LN_PAIR_BLOCKS 0
-/* The backward's float maxima in one register each (ln_lane.h,
- * back_sums): with two, a spilled maximum chained every step through the
- * stack. */
-#define LN_MAX_LANES 8
 #include "ln_x86.h"
 
 #define LN_PRIMS "ln_lane.h"

@@ -15,9 +15,6 @@
 #endif
 
 #define LN_VEC_BYTES 64
-/* back_sums takes all 32 float lanes at once: two registers of each of
- * its six arrays fit in the 32 (ln_lane.h). */
-#define LN_PART_BYTES 128
 /* ln_x86.h's 256-bit loops (the backward's sums and parameter-gradient
  * groups, the one-pass statistics, short records) in this level too: on
  * Zen 4 (AVX-512, one thread) the lane form at 512 bits without them took

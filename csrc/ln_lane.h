@@ -959,37 +959,26 @@ LN_ALWAYS_INLINE LN_T LN_FN(lane_max)(LN_T m[LN_LANES], size_t w)
  * 6 x 32 floats are 24 AVX2 registers of 16 (or 48 of NEON's 32), and GCC
  * spilled them to the stack in the inner loop, and zeroed them there with
  * rep stos for every block. So the record's lanes are taken LN_PART at a
- * time, each part over the whole record (64 bytes of each array: two AVX2
- * or four NEON registers; a level may set LN_PART_BYTES, and AVX-512 takes
- * all 32 float lanes in two registers). Each lane still sees the same
- * additions in the same order: the same bits. Levels that convert whole
- * rows (LN_LOAD_ROW: float16, bfloat16) take all lanes at once, on the row
- * they convert.
+ * time, each part over the whole record (64 bytes of each array: four NEON
+ * registers). Each lane still sees the same additions in the same order:
+ * the same bits. Levels that convert whole rows (LN_LOAD_ROW: float16,
+ * bfloat16) take all lanes at once, on the row they convert. (The x86
+ * levels have loops of their own, ln_x86.h's LN_BACK_SUMS_*: this lane
+ * form is the portable level's.)
  */
 #undef LN_PART
-#if !defined(LN_PART_BYTES)
-#define LN_PART_BYTES 64
-#endif
 #if defined(LN_LOAD_ROW)
 #define LN_PART ((size_t)LN_LANES)
 #else
-#define LN_PART (LN_PART_BYTES / sizeof(LN_T) < LN_LANES ? LN_PART_BYTES / sizeof(LN_T) \
-                                                          : (size_t)LN_LANES)
+#define LN_PART (64 / sizeof(LN_T) < LN_LANES ? 64 / sizeof(LN_T) : (size_t)LN_LANES)
 #endif
 _Static_assert(LN_LANES % LN_PART == 0, "a whole number of parts make the lanes");
 
-/* The two maxima of a part are kept in LN_MAXW lanes (a level may set
- * LN_MAX_LANES: AVX2 8, one register for float, since the part's four
- * sums take eight of its sixteen and GCC spilled a maximum, whose store
- * and reload then chained every step; float64 keeps two, as GCC did not
- * vectorize the step with one). The largest value is the same in any
- * order and any number of lanes: the same bits. */
-#if !defined(LN_MAX_LANES)
-#define LN_MAX_LANES LN_LANES
-#endif
+/* The two maxima of a part are kept in LN_MAXW lanes, one per lane of
+ * the part. The largest value is the same in any order and any number of
+ * lanes: the same bits. */
 #undef LN_MAXW
-#define LN_MAXW ((size_t)LN_MAX_LANES < LN_PART ? (size_t)LN_MAX_LANES : LN_PART)
-_Static_assert(LN_PART % LN_MAXW == 0, "a whole number of maxima widths make a part");
+#define LN_MAXW LN_PART
 
 /* One element of back_sums (x value xv, dy value dyv, gain index i) into
  * lane j of the block lanes l0..l3 and maxima (LN_MAXW of a part's). */

@@ -506,7 +506,7 @@ static inline void ln_store_row_bf16(uint16_t *p, const float *v)
 #define LN_LOAD_ROW_BF16 ln_load_row_bf16
 #define LN_STORE_ROW_BF16 ln_store_row_bf16
 
-/* ---- the backward's sums, AVX2 ---------------------------------------- */
+/* ---- the backward's sums, 256-bit ------------------------------------- */
 /* This part, to the end of the group loops, is 256-bit code: the AVX2
  * level's own, and the AVX-512 level's too where it sets LN_YMM_LOOPS
  * (ln_avx512.c), built there with its 32 registers. */
@@ -855,7 +855,7 @@ _Static_assert(LN_LANES % 16 == 0 && LN_BLOCK % LN_LANES == 0,
 #define LN_BACK_SUMS_F16 ln_back_sums_f16
 #define LN_BACK_SUMS_BF16 ln_back_sums_bf16
 
-/* ---- the forward's one-pass sums, AVX2 --------------------------------- */
+/* ---- the forward's one-pass sums, 256-bit ----------------------------- */
 /*
  * sum_shifted_squares of ln_lane.h (ln_contract.h, item 5: x - shift into
  * one set of lanes, the squares of x - c into another) with sixteen lanes
@@ -1107,7 +1107,7 @@ static void ln_shifted_squares_f64(const double *x, size_t d, double shift, doub
 #define LN_SHIFTED_SQUARES_F64 ln_shifted_squares_f64
 
 
-/* ---- short records' forward, AVX2 ------------------------------------- */
+/* ---- short records' forward, 256-bit ---------------------------------- */
 /*
  * The forward of a short group (ln_lane.h: records of more than half and
  * at most two lane rows, float compute, as float rows read in place or
@@ -1381,7 +1381,7 @@ static void ln_short_output_avx2(const char *src, ptrdiff_t src_row, char *dst, 
 #define LN_SHORT_STATS_AVX ln_short_stats_avx2
 #define LN_SHORT_OUTPUT_AVX ln_short_output_avx2
 
-/* ---- short records' backward, AVX2 ------------------------------------ */
+/* ---- short records' backward, 256-bit --------------------------------- */
 /*
  * The backward of a short group (ln_lane.h's back_group: float compute,
  * records of at most two lane rows, rows read in place or float copies
@@ -1720,7 +1720,7 @@ static void ln_short_back_output_avx2(const char *x, ptrdiff_t x_row, const char
 #define LN_SHORT_BACK_SUMS_AVX ln_short_back_sums_avx2
 #define LN_SHORT_BACK_OUTPUT_AVX ln_short_back_output_avx2
 
-/* ---- a group's parameter-gradient terms, AVX2 -------------------------- */
+/* ---- a group's parameter-gradient terms, 256-bit ---------------------- */
 /*
  * The deposits of the m float32 or float16 LayerNorm records ln_ops.h's
  * back_finish finishes together, features [i0, i1) of each (a chunk),

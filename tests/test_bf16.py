@@ -173,10 +173,11 @@ def test_reproducible_across_levels_threads_and_layouts(restore_settings):
 
 def test_every_level_matches_scalar_on_the_forward_tails(restore_settings):
     """Every record width up to four lane rows, and around the statistics'
-    blocks: the levels' own loops (the AVX2 statistics read bfloat16 lanes
-    in another register layout than the natural one, and partial lane rows
-    at the end) give the scalar level's bits, for the one-pass statistics
-    of long records and their two-pass fallback (a large offset)."""
+    blocks: the levels' own loops (the x86 levels' 256-bit statistics read
+    bfloat16 lanes in another register layout than the natural one, and
+    partial lane rows at the end) give the scalar level's bits, for the
+    one-pass statistics of long records and their two-pass fallback (a
+    large offset)."""
     rng = np.random.default_rng(21)
     widths = list(range(1, 4 * LANES + 3)) + [BLOCK - 1, BLOCK + 7, 2 * BLOCK + LANES + 5]
     for d in widths:
