@@ -618,6 +618,266 @@ static PyObject *fast_rms_norm(PyObject *self, PyObject *const *args, Py_ssize_t
     return fast_norm(LN_OP_RMS_NORM, full, scale);
 }
 
+/* ---- the public entry points -------------------------------------------- */
+
+/*
+ * layer_norm and rms_norm as C callables in front of their Python
+ * implementations (like NumPy's C dispatchers): the common call goes
+ * straight to fast_norm, any other call (and any the fast path declines)
+ * to the implementation, with the arguments as given. The Python frame
+ * in front of _fast had cost ~110 ns of a (1, 768) float32 call's ~600.
+ * The implementation validates, explains and documents: functools.wraps
+ * copies its name, docstring and signature (__wrapped__) here.
+ */
+enum { ARG_X, ARG_W, ARG_B, ARG_EPS, ARG_AXIS, ARG_OUT, ARG_STATS, ARG_CONVENTION, N_ARGS };
+
+/* Each entry's parameters: the positional ones in order, then the
+ * keyword-only ones (the Python signature's; a test compares them). */
+typedef struct {
+    const char *name;
+    ln_op op;
+    int n_pos;
+    int params[N_ARGS];
+    int n_params;
+} ln_entry_kind;
+
+static const char *const arg_names[N_ARGS] = {
+    [ARG_X] = "x", [ARG_W] = "weight", [ARG_B] = "bias", [ARG_EPS] = "eps",
+    [ARG_AXIS] = "axis", [ARG_OUT] = "out", [ARG_STATS] = "return_stats",
+    [ARG_CONVENTION] = "convention",
+};
+
+static const ln_entry_kind entry_kinds[] = {
+    {.name = "layer_norm", .op = LN_OP_LAYER_NORM, .n_pos = 4,
+     .params = {ARG_X, ARG_W, ARG_B, ARG_EPS, ARG_AXIS, ARG_OUT, ARG_STATS}, .n_params = 7},
+    {.name = "rms_norm", .op = LN_OP_RMS_NORM, .n_pos = 3,
+     .params = {ARG_X, ARG_W, ARG_EPS, ARG_AXIS, ARG_OUT, ARG_STATS, ARG_CONVENTION},
+     .n_params = 7},
+};
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    const ln_entry_kind *kind;
+    PyObject *impl;   /* the Python function */
+    PyObject *eps;    /* its default eps */
+    PyObject *result; /* the named tuple of return_stats=True */
+    PyObject *dict;   /* what functools.wraps copies */
+} ln_entry;
+
+/* The names interned (PyInit__core): keywords in a call from Python code
+ * are the same objects, found by address; any other string by value. */
+static PyObject *arg_strs[N_ARGS];
+
+/* The parameter of keyword `key`, or -1. */
+static int entry_param(const ln_entry_kind *k, PyObject *key)
+{
+    for (int i = 0; i < k->n_params; i++)
+        if (key == arg_strs[k->params[i]])
+            return k->params[i];
+    for (int i = 0; i < k->n_params; i++)
+        if (PyUnicode_Compare(key, arg_strs[k->params[i]]) == 0)
+            return k->params[i];
+    PyErr_Clear(); /* a key that is no str: not the common call */
+    return -1;
+}
+
+/* The arguments by parameter, defaults filled in; 0 if the call is not
+ * the common case (an unknown or repeated keyword, an axis other than
+ * the int -1, a return_stats that is no bool, a convention other than
+ * "weight"). */
+static int entry_args(const ln_entry *e, PyObject *const *args, size_t nargsf, PyObject *kwnames,
+                      PyObject *a[N_ARGS])
+{
+    const ln_entry_kind *k = e->kind;
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    if (nargs < 1 || nargs > k->n_pos)
+        return 0;
+    for (int i = 0; i < N_ARGS; i++)
+        a[i] = NULL;
+    for (Py_ssize_t i = 0; i < nargs; i++)
+        a[k->params[i]] = args[i];
+    for (Py_ssize_t i = 0; i < nkw; i++) {
+        int p = entry_param(k, PyTuple_GET_ITEM(kwnames, i));
+        if (p < 0 || a[p] != NULL)
+            return 0;
+        a[p] = args[nargs + i];
+    }
+    if (a[ARG_X] == NULL)
+        return 0;
+    if (a[ARG_AXIS] != NULL) {
+        int overflow = 0; /* an int too large for a long: no -1, and no error */
+        if (!PyLong_CheckExact(a[ARG_AXIS]) ||
+            PyLong_AsLongAndOverflow(a[ARG_AXIS], &overflow) != -1 || overflow)
+            return 0;
+    }
+    if (a[ARG_STATS] != NULL && !PyBool_Check(a[ARG_STATS]))
+        return 0;
+    if (a[ARG_CONVENTION] != NULL && !(PyUnicode_CheckExact(a[ARG_CONVENTION]) &&
+                                        PyUnicode_CompareWithASCIIString(a[ARG_CONVENTION],
+                                                                         "weight") == 0))
+        return 0;
+    a[ARG_W] = a[ARG_W] ? a[ARG_W] : Py_None;
+    a[ARG_B] = a[ARG_B] ? a[ARG_B] : Py_None;
+    a[ARG_EPS] = a[ARG_EPS] ? a[ARG_EPS] : e->eps;
+    a[ARG_OUT] = a[ARG_OUT] ? a[ARG_OUT] : Py_None;
+    a[ARG_STATS] = a[ARG_STATS] ? a[ARG_STATS] : Py_False;
+    return 1;
+}
+
+static PyObject *entry_call(PyObject *self, PyObject *const *args, size_t nargsf,
+                            PyObject *kwnames)
+{
+    ln_entry *e = (ln_entry *)self;
+    PyObject *a[N_ARGS];
+    if (entry_args(e, args, nargsf, kwnames, a)) {
+        PyObject *fast[6] = {a[ARG_X], a[ARG_W], a[ARG_B], a[ARG_EPS], a[ARG_OUT], a[ARG_STATS]};
+        PyObject *res = fast_norm(e->kind->op, fast, 0);
+        if (res != Py_NotImplemented) {
+            if (res == NULL || !PyTuple_CheckExact(res))
+                return res; /* y, or the error */
+            /* (y, statistics): made the named tuple, as its own __new__ does */
+            PyObject *arg = PyTuple_Pack(1, res), *named = NULL;
+            Py_DECREF(res);
+            if (arg != NULL)
+                named = PyTuple_Type.tp_new((PyTypeObject *)e->result, arg, NULL);
+            Py_XDECREF(arg);
+            return named;
+        }
+        Py_DECREF(res);
+    }
+    return PyObject_Vectorcall(e->impl, args, nargsf, kwnames);
+}
+
+/* Bound as a method when it is a class attribute, as a function is. */
+static PyObject *entry_get(PyObject *self, PyObject *obj, PyObject *type)
+{
+    if (obj == NULL || obj == Py_None) {
+        Py_INCREF(self);
+        return self;
+    }
+    return PyMethod_New(self, obj);
+}
+
+/* Pickled by name, as a function is. */
+static PyObject *entry_reduce(PyObject *self, PyObject *noargs)
+{
+    return PyObject_GetAttrString(((ln_entry *)self)->impl, "__qualname__");
+}
+
+static int entry_traverse(PyObject *self, visitproc visit, void *arg)
+{
+    ln_entry *e = (ln_entry *)self;
+    Py_VISIT(e->impl);
+    Py_VISIT(e->eps);
+    Py_VISIT(e->result);
+    Py_VISIT(e->dict);
+    return 0;
+}
+
+static int entry_clear(PyObject *self)
+{
+    ln_entry *e = (ln_entry *)self;
+    Py_CLEAR(e->impl);
+    Py_CLEAR(e->eps);
+    Py_CLEAR(e->result);
+    Py_CLEAR(e->dict);
+    return 0;
+}
+
+static void entry_dealloc(PyObject *self)
+{
+    PyObject_GC_UnTrack(self);
+    entry_clear(self);
+    Py_TYPE(self)->tp_free(self);
+}
+
+static PyMethodDef entry_methods[] = {
+    {"__reduce__", entry_reduce, METH_NOARGS, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef entry_getset[] = {
+    {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, NULL, NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject entry_type = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "layernorm_c._core._Entry",
+    .tp_doc = "A public function of layernorm_c: its common call in C, the rest in Python.",
+    .tp_basicsize = sizeof(ln_entry),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL |
+                Py_TPFLAGS_METHOD_DESCRIPTOR,
+    .tp_vectorcall_offset = offsetof(ln_entry, vectorcall),
+    .tp_call = PyVectorcall_Call,
+    .tp_descr_get = entry_get,
+    .tp_dictoffset = offsetof(ln_entry, dict),
+    .tp_getattro = PyObject_GenericGetAttr,
+    .tp_setattro = PyObject_GenericSetAttr,
+    .tp_traverse = entry_traverse,
+    .tp_clear = entry_clear,
+    .tp_dealloc = entry_dealloc,
+    .tp_methods = entry_methods,
+    .tp_getset = entry_getset,
+};
+
+/* _entry(impl, name, result): the entry point of layer_norm or rms_norm
+ * in front of impl, the Python function of that name (its last positional
+ * default is eps's); result, the named tuple (a tuple subclass) it returns
+ * with the statistics. */
+static PyObject *make_entry(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3 || !PyFunction_Check(args[0]) || !PyUnicode_Check(args[1]) ||
+        !PyType_Check(args[2]) || !PyType_IsSubtype((PyTypeObject *)args[2], &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError,
+                        "_entry(impl, name, result): a function, its name, a tuple type");
+        return NULL;
+    }
+    const ln_entry_kind *kind = NULL;
+    for (size_t i = 0; i < sizeof entry_kinds / sizeof entry_kinds[0]; i++)
+        if (PyUnicode_CompareWithASCIIString(args[1], entry_kinds[i].name) == 0)
+            kind = &entry_kinds[i];
+    PyObject *defaults = PyFunction_GetDefaults(args[0]);
+    if (kind == NULL || defaults == NULL || !PyTuple_Check(defaults) ||
+        PyTuple_GET_SIZE(defaults) < 1) {
+        PyErr_SetString(PyExc_ValueError, "_entry: no entry of that name, or no default eps");
+        return NULL;
+    }
+    ln_entry *e = PyObject_GC_New(ln_entry, &entry_type);
+    if (e == NULL)
+        return NULL;
+    e->vectorcall = entry_call;
+    e->kind = kind;
+    e->impl = args[0];
+    e->eps = PyTuple_GET_ITEM(defaults, PyTuple_GET_SIZE(defaults) - 1);
+    e->result = args[2];
+    Py_INCREF(e->impl);
+    Py_INCREF(e->eps);
+    Py_INCREF(e->result);
+    e->dict = NULL;
+    PyObject_GC_Track(e);
+    return (PyObject *)e;
+}
+
+/* The parameter names of entry `name`, in order (for the test that they
+ * are the Python signature's). */
+static PyObject *entry_params(PyObject *self, PyObject *name)
+{
+    for (size_t i = 0; i < sizeof entry_kinds / sizeof entry_kinds[0]; i++) {
+        const ln_entry_kind *k = &entry_kinds[i];
+        if (PyUnicode_CompareWithASCIIString(name, k->name) != 0)
+            continue;
+        PyObject *t = PyTuple_New(k->n_params);
+        for (int j = 0; t && j < k->n_params; j++)
+            PyTuple_SET_ITEM(t, j, PyUnicode_FromString(arg_names[k->params[j]]));
+        return t;
+    }
+    PyErr_SetString(PyExc_ValueError, "_entry_params: no entry of that name");
+    return NULL;
+}
+
 /* ---- the backward ------------------------------------------------------- */
 
 /* A 2-d float array the kernels can read as is (any strides, native byte
@@ -1119,6 +1379,11 @@ static PyMethodDef core_methods[] = {
     {"_fast_rms", (PyCFunction)(void (*)(void))fast_rms_norm, METH_FASTCALL,
      "_fast_rms(x, weight, eps, out, return_stats): the common case of rms_norm, or "
      "NotImplemented."},
+    {"_entry", (PyCFunction)(void (*)(void))make_entry, METH_FASTCALL,
+     "_entry(impl, name, result): layer_norm or rms_norm, its common call in C, in front "
+     "of impl."},
+    {"_entry_params", entry_params, METH_O,
+     "_entry_params(name) -> tuple: the parameters _entry's `name` knows, in order."},
     {"_backward", (PyCFunction)(void (*)(void))backward, METH_FASTCALL,
      "_backward(dy, x, weight, eps, mean, sums[, rms]) -> (dx, dweight_state, dbias_state): "
      "the LayerNorm backward, or RMSNorm's with rms true."},
@@ -1176,6 +1441,11 @@ PyMODINIT_FUNC PyInit__core(void)
         }
     }
 
+    if (PyType_Ready(&entry_type) < 0)
+        return NULL;
+    for (int i = 0; i < N_ARGS; i++)
+        if ((arg_strs[i] = PyUnicode_InternFromString(arg_names[i])) == NULL)
+            return NULL;
     PyObject *m = PyModule_Create(&core_module);
     if (m == NULL)
         return NULL;

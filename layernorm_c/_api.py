@@ -5,9 +5,11 @@ only checks arguments, picks the computation dtype and arranges views.
 """
 from __future__ import annotations
 
+import functools
 import math
 import numbers
-from typing import Any, Literal, NamedTuple, Optional, Sequence, Tuple, Union, overload
+from typing import (Any, Callable, Literal, NamedTuple, Optional, Sequence, Tuple, TypeVar, Union,
+                    cast, overload)
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -280,6 +282,23 @@ def _copy_records_back(y: NDArray[Any], ym: NDArray[Any], plan: _Plan,
               casting=casting)
 
 
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _c_entry(result: type) -> Callable[[_F], _F]:
+    """``impl`` behind its C entry point (``_core._entry``): the common
+    call, the one ``_core._fast`` takes, runs in C with no Python frame in
+    front of it (~110 ns of a (1, 768) call's ~600), returning ``result``
+    (a named tuple) with the statistics; any other call, or one the fast
+    path declines, reaches ``impl`` with its arguments as given. The entry
+    carries ``impl``'s name, docstring and signature (``__wrapped__``)."""
+    def entry(impl: _F) -> _F:
+        c_entry = _core._entry(impl, impl.__name__, result)
+        functools.update_wrapper(c_entry, impl)
+        return cast(_F, c_entry)
+    return entry
+
+
 @overload
 def layer_norm(x: ArrayLike, weight: Optional[ArrayLike] = ..., bias: Optional[ArrayLike] = ...,
                eps: EpsLike = ..., *, axis: AxisLike = ...,
@@ -295,6 +314,7 @@ def layer_norm(x: ArrayLike, weight: Optional[ArrayLike] = ..., bias: Optional[A
                eps: EpsLike = ..., *, axis: AxisLike = ...,
                out: Optional[NDArray[Any]] = ...,
                return_stats: bool = ...) -> Union[NDArray[Any], LayerNormResult]: ...
+@_c_entry(LayerNormResult)
 def layer_norm(
     x: ArrayLike,
     weight: Optional[ArrayLike] = None,

@@ -17,6 +17,7 @@ from ._api import (
     EpsLike,
     _as_param,
     _as_real_array,
+    _c_entry,
     _check_eps,
     _check_flag,
     _check_out,
@@ -96,6 +97,7 @@ def rms_norm(x: ArrayLike, weight: Optional[ArrayLike] = ..., eps: EpsLike = ...
              axis: AxisLike = ..., out: Optional[NDArray[Any]] = ...,
              return_stats: bool = ..., convention: Convention = ...
              ) -> Union[NDArray[Any], RMSNormResult]: ...
+@_c_entry(RMSNormResult)
 def rms_norm(
     x: ArrayLike,
     weight: Optional[ArrayLike] = None,

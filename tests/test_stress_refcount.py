@@ -149,6 +149,23 @@ def test_fast_entry_point_directly(data, rs):
     assert_refcounts_stable(lambda: _core._fast(), )
 
 
+def test_entry_points(data):
+    """The C entry points of layer_norm and rms_norm (_core._entry): calls
+    by keyword, the named tuple they build, calls they hand on to the
+    Python function, and errors raised there."""
+    x, w, b = data
+    out = np.empty_like(x)
+    for f, kw in [(lnc.layer_norm, {"bias": b}), (lnc.rms_norm, {"convention": "weight"})]:
+        assert_refcounts_stable(lambda: f(x, w, eps=1e-3, axis=-1, out=out, **kw), x, w, b, out)
+        assert_refcounts_stable(lambda: f(x, weight=w, return_stats=True, **kw), x, w, b)
+        assert_result_freed(lambda: f(x, w, return_stats=True, **kw))
+        assert_refcounts_stable(lambda: f(x[:, ::-1], w), x, w)  # handed on: a strided x
+        assert_refcounts_stable(lambda: f(x, w, axis=2 ** 70), x, w, expect_error=ValueError)
+        assert_refcounts_stable(lambda: f(x, w, bogus=1), x, w, expect_error=TypeError)
+        assert_refcounts_stable(lambda: f(x, w, weight=w), x, w, expect_error=TypeError)
+        assert_refcounts_stable(lambda: f(x, eps=-1.0), x, expect_error=ValueError)
+
+
 def test_fast_return_stats_not_a_bool(data):
     """return_stats that is not a bool (even one whose truth value raises):
     the fast path steps aside without asking its truth value, the wrapper
