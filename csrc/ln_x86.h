@@ -866,6 +866,11 @@ _Static_assert(LN_LANES % 16 == 0 && LN_BLOCK % LN_LANES == 0,
  * the pass (float32, d = 4096, in cache). Every lane sees the same
  * additions in the same order: the same bits.
  */
+/* Parts in registers together: AVX-512's 32 registers hold two (eight
+ * independent chains of additions), AVX2's 16 one. */
+#define LN_STATS_PARTS (LN_VEC_BYTES == 64 ? 2 : 1)
+_Static_assert(LN_LANES % (16 * LN_STATS_PARTS) == 0, "whole parts of sixteen lanes");
+
 typedef struct {
     __m256 a[2], q[2];   /* block lanes: sums of x - shift, of (x - c)^2 */
     __m256d t1[4], t2[4]; /* the part's double totals */
@@ -929,7 +934,10 @@ static inline void ln_stats_step16(ln_stats_part16 *p, const __m256 v[2], __m256
         p->q[1] = _mm256_fmadd_ps(v[1], v[1], p->q[1]);
         return;
     }
-    __m256 u0 = _mm256_sub_ps(v[0], c), u1 = _mm256_sub_ps(v[1], c);
+    /* v - c as fma(v, 1, -c), the same rounding, on the multiply-add
+     * units: the adders have the other four operations. */
+    const __m256 one = _mm256_set1_ps(1.0f), nc = _mm256_sub_ps(_mm256_setzero_ps(), c);
+    __m256 u0 = _mm256_fmadd_ps(v[0], one, nc), u1 = _mm256_fmadd_ps(v[1], one, nc);
     p->a[0] = _mm256_add_ps(p->a[0], _mm256_sub_ps(v[0], shift));
     p->a[1] = _mm256_add_ps(p->a[1], _mm256_sub_ps(v[1], shift));
     p->q[0] = _mm256_fmadd_ps(u0, u0, p->q[0]);
@@ -985,31 +993,36 @@ ln_shifted_squares_rows(const void *x, size_t d, float shift, float c, double t1
     const size_t es = kind == LN_ROWS_F32 ? 4 : 2;
     const char *xb = x;
     const __m256 vs = _mm256_set1_ps(shift), vc = _mm256_set1_ps(c);
-    for (size_t j0 = 0; j0 < LN_LANES; j0 += 16) {
-        ln_stats_part16 p;
-        p.a[0] = p.a[1] = p.q[0] = p.q[1] = _mm256_setzero_ps();
-        for (int h = 0; h < 4; h++)
-            p.t1[h] = p.t2[h] = _mm256_setzero_pd();
+    for (size_t j0 = 0; j0 < LN_LANES; j0 += 16 * LN_STATS_PARTS) {
+        ln_stats_part16 p[LN_STATS_PARTS];
+        for (int k = 0; k < LN_STATS_PARTS; k++) {
+            p[k].a[0] = p[k].a[1] = p[k].q[0] = p[k].q[1] = _mm256_setzero_ps();
+            for (int h = 0; h < 4; h++)
+                p[k].t1[h] = p[k].t2[h] = _mm256_setzero_pd();
+        }
         for (size_t i = 0; i < d;) {
             size_t end = d - i > LN_BLOCK ? i + LN_BLOCK : d;
-            for (; i + LN_LANES <= end; i += LN_LANES) {
-                __m256 v[2];
-                ln_load16(xb + (i + j0) * es, kind, v);
-                ln_stats_step16(&p, v, vs, vc, shifted);
+            for (; i + LN_LANES <= end; i += LN_LANES)
+                for (int k = 0; k < LN_STATS_PARTS; k++) {
+                    __m256 v[2];
+                    ln_load16(xb + (i + j0 + 16 * k) * es, kind, v);
+                    ln_stats_step16(&p[k], v, vs, vc, shifted);
+                }
+            for (int k = 0; k < LN_STATS_PARTS; k++) {
+                size_t j = i + j0 + 16 * k;
+                if (j < end)
+                    ln_stats_step16_first(&p[k], xb + j * es, end - j < 16 ? end - j : 16, vs, vc,
+                                          kind, shifted);
+                ln_stats_flush16(&p[k], kind);
             }
-            if (i + j0 < end) {
-                size_t n = end - (i + j0);
-                ln_stats_step16_first(&p, xb + (i + j0) * es, n < 16 ? n : 16, vs, vc, kind,
-                                      shifted);
-            }
-            ln_stats_flush16(&p, kind);
             i = end;
         }
-        for (int h = 0; h < 4; h++) {
-            if (shifted)
-                _mm256_storeu_pd(t1 + j0 + 4 * h, p.t1[h]);
-            _mm256_storeu_pd(t2 + j0 + 4 * h, p.t2[h]);
-        }
+        for (int k = 0; k < LN_STATS_PARTS; k++)
+            for (int h = 0; h < 4; h++) {
+                if (shifted)
+                    _mm256_storeu_pd(t1 + j0 + 16 * k + 4 * h, p[k].t1[h]);
+                _mm256_storeu_pd(t2 + j0 + 16 * k + 4 * h, p[k].t2[h]);
+            }
     }
 }
 
