@@ -974,17 +974,13 @@ LN_ALWAYS_INLINE LN_T LN_FN(lane_max)(LN_T m[LN_LANES], size_t w)
 #endif
 _Static_assert(LN_LANES % LN_PART == 0, "a whole number of parts make the lanes");
 
-/* The two maxima of a part are kept in LN_MAXW lanes, one per lane of
- * the part. The largest value is the same in any order and any number of
- * lanes: the same bits. */
-#undef LN_MAXW
-#define LN_MAXW LN_PART
-
 /* One element of back_sums (x value xv, dy value dyv, gain index i) into
- * lane j of the block lanes l0..l3 and maxima (LN_MAXW of a part's). */
-LN_ALWAYS_INLINE void LN_FN(back_sums_step)(LN_T l0[LN_MAXW], LN_T l1[LN_MAXW],
-                                            LN_T l2[LN_MAXW], LN_T l3[LN_MAXW],
-                                            LN_T mdy[LN_MAXW], LN_T mt[LN_MAXW], size_t j,
+ * lane j of a part's block lanes l0..l3 and maxima (one per lane of the
+ * part: the largest value is the same in any order and any number of
+ * lanes, the same bits). */
+LN_ALWAYS_INLINE void LN_FN(back_sums_step)(LN_T l0[LN_PART], LN_T l1[LN_PART],
+                                            LN_T l2[LN_PART], LN_T l3[LN_PART],
+                                            LN_T mdy[LN_PART], LN_T mt[LN_PART], size_t j,
                                             LN_T xv, LN_T dyv, const LN_P *restrict w,
                                             size_t i, LN_T m0)
 {
@@ -1015,25 +1011,20 @@ LN_ALWAYS_INLINE void LN_FN(back_sums_part)(const LN_S *x, const LN_S *dy,
                                             LN_T mdy_all[LN_LANES], LN_T mt_all[LN_LANES])
 {
     double t0[LN_PART] = {0}, t1[LN_PART] = {0}, t2[LN_PART] = {0}, t3[LN_PART] = {0};
-    LN_T mdy[LN_MAXW] = {0}, mt[LN_MAXW] = {0};
+    LN_T mdy[LN_PART] = {0}, mt[LN_PART] = {0};
     LN_T l0[LN_PART] = {0}, l1[LN_PART] = {0}, l2[LN_PART] = {0}, l3[LN_PART] = {0};
     for (size_t i = 0; i < d;) {
         size_t end = d - i > LN_BLOCK ? i + LN_BLOCK : d;
         for (; i + LN_LANES <= end; i += LN_LANES) {
             LN_ROW_DECL(xr_, x + i);
             LN_ROW_DECL(dr_, dy + i);
-            for (size_t h = 0; h < LN_PART; h += LN_MAXW)
-                for (size_t j = 0; j < LN_MAXW; j++)
-                    LN_FN(back_sums_step)(l0 + h, l1 + h, l2 + h, l3 + h, mdy, mt, j,
-                                          LN_ROW_GET(xr_, x + i, j0 + h + j),
-                                          LN_ROW_GET(dr_, dy + i, j0 + h + j), w,
-                                          i + j0 + h + j, m0);
+            for (size_t j = 0; j < LN_PART; j++)
+                LN_FN(back_sums_step)(l0, l1, l2, l3, mdy, mt, j, LN_ROW_GET(xr_, x + i, j0 + j),
+                                      LN_ROW_GET(dr_, dy + i, j0 + j), w, i + j0 + j, m0);
         }
-        for (size_t h = 0; h < LN_PART; h += LN_MAXW)
-            for (size_t j = 0; j < LN_MAXW && i + j0 + h + j < end; j++)
-                LN_FN(back_sums_step)(l0 + h, l1 + h, l2 + h, l3 + h, mdy, mt, j,
-                                      LN_LOAD(x + i + j0 + h + j), LN_LOAD(dy + i + j0 + h + j),
-                                      w, i + j0 + h + j, m0);
+        for (size_t j = 0; j < LN_PART && i + j0 + j < end; j++)
+            LN_FN(back_sums_step)(l0, l1, l2, l3, mdy, mt, j, LN_LOAD(x + i + j0 + j),
+                                  LN_LOAD(dy + i + j0 + j), w, i + j0 + j, m0);
         i = end;
         LN_FN(flush_part)(t0, l0);
         LN_FN(flush_part)(t1, l1);
@@ -1045,8 +1036,8 @@ LN_ALWAYS_INLINE void LN_FN(back_sums_part)(const LN_S *x, const LN_S *dy,
         tot[1][j0 + j] = t1[j];
         tot[2][j0 + j] = t2[j];
         tot[3][j0 + j] = t3[j];
-        mdy_all[j0 + j] = mdy[j % LN_MAXW];
-        mt_all[j0 + j] = mt[j % LN_MAXW];
+        mdy_all[j0 + j] = mdy[j];
+        mt_all[j0 + j] = mt[j];
     }
 }
 #endif
@@ -1075,7 +1066,6 @@ static void LN_FN(back_sums)(const LN_S *x, const LN_S *dy, const LN_P *restrict
     s->gt = ln_tree_sum(tot[3]);
 }
 #undef LN_PART
-#undef LN_MAXW
 
 /* The deposits of element i (dyv, xh) for a constant `mode`. */
 LN_ALWAYS_INLINE void LN_FN(back_deposit_at)(
