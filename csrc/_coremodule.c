@@ -663,6 +663,7 @@ typedef struct {
     PyObject *eps;    /* its default eps */
     PyObject *result; /* the named tuple of return_stats=True */
     PyObject *dict;   /* what functools.wraps copies */
+    PyObject *weakrefs; /* weak references to it, as to a function */
 } ln_entry;
 
 /* The names interned (PyInit__core): keywords in a call from Python code
@@ -672,13 +673,14 @@ static PyObject *arg_strs[N_ARGS];
 /* The parameter of keyword `key`, or -1. */
 static int entry_param(const ln_entry_kind *k, PyObject *key)
 {
+    if (!PyUnicode_Check(key)) /* only a C caller passes one: not the common call */
+        return -1;
     for (int i = 0; i < k->n_params; i++)
         if (key == arg_strs[k->params[i]])
             return k->params[i];
     for (int i = 0; i < k->n_params; i++)
         if (PyUnicode_Compare(key, arg_strs[k->params[i]]) == 0)
             return k->params[i];
-    PyErr_Clear(); /* a key that is no str: not the common call */
     return -1;
 }
 
@@ -692,7 +694,7 @@ static int entry_args(const ln_entry *e, PyObject *const *args, size_t nargsf, P
     const ln_entry_kind *k = e->kind;
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
     Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
-    if (nargs < 1 || nargs > k->n_pos)
+    if (nargs > k->n_pos)
         return 0;
     for (int i = 0; i < N_ARGS; i++)
         a[i] = NULL;
@@ -789,6 +791,8 @@ static int entry_clear(PyObject *self)
 static void entry_dealloc(PyObject *self)
 {
     PyObject_GC_UnTrack(self);
+    if (((ln_entry *)self)->weakrefs != NULL)
+        PyObject_ClearWeakRefs(self);
     entry_clear(self);
     Py_TYPE(self)->tp_free(self);
 }
@@ -814,6 +818,7 @@ static PyTypeObject entry_type = {
     .tp_call = PyVectorcall_Call,
     .tp_descr_get = entry_get,
     .tp_dictoffset = offsetof(ln_entry, dict),
+    .tp_weaklistoffset = offsetof(ln_entry, weakrefs),
     .tp_getattro = PyObject_GenericGetAttr,
     .tp_setattro = PyObject_GenericSetAttr,
     .tp_traverse = entry_traverse,
@@ -857,6 +862,7 @@ static PyObject *make_entry(PyObject *self, PyObject *const *args, Py_ssize_t na
     Py_INCREF(e->eps);
     Py_INCREF(e->result);
     e->dict = NULL;
+    e->weakrefs = NULL;
     PyObject_GC_Track(e);
     return (PyObject *)e;
 }
@@ -865,13 +871,22 @@ static PyObject *make_entry(PyObject *self, PyObject *const *args, Py_ssize_t na
  * are the Python signature's). */
 static PyObject *entry_params(PyObject *self, PyObject *name)
 {
+    if (!PyUnicode_Check(name)) {
+        PyErr_SetString(PyExc_TypeError, "_entry_params(name): a str");
+        return NULL;
+    }
     for (size_t i = 0; i < sizeof entry_kinds / sizeof entry_kinds[0]; i++) {
         const ln_entry_kind *k = &entry_kinds[i];
         if (PyUnicode_CompareWithASCIIString(name, k->name) != 0)
             continue;
         PyObject *t = PyTuple_New(k->n_params);
-        for (int j = 0; t && j < k->n_params; j++)
-            PyTuple_SET_ITEM(t, j, PyUnicode_FromString(arg_names[k->params[j]]));
+        for (int j = 0; t && j < k->n_params; j++) {
+            PyObject *s = PyUnicode_FromString(arg_names[k->params[j]]);
+            if (s == NULL)
+                Py_CLEAR(t);
+            else
+                PyTuple_SET_ITEM(t, j, s);
+        }
         return t;
     }
     PyErr_SetString(PyExc_ValueError, "_entry_params: no entry of that name");

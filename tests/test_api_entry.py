@@ -134,20 +134,79 @@ def test_bad_calls_raise_as_the_implementation_does(name, args, kw, error, words
     assert type(got.value) is type(want.value) and str(got.value) == str(want.value)
 
 
-def test_keyword_names_compared_by_value():
-    """Keywords that are equal strings but not the interned objects (built
-    at run time) are recognized all the same."""
-    kw = {"".join(["re", "turn_stats"]): True, "".join(["e", "ps"]): 0.0}
-    same_result(lnc.layer_norm(X, W, B, **kw), impl("layer_norm")(X, W, B, eps=0.0,
-                                                                  return_stats=True))
+def spy_entry(name, eps=None):
+    """An entry made, as the package makes its own, in front of a spy: a
+    function of the same signature and defaults (eps replaced if given)
+    that counts the calls reaching it and hands them to the Python
+    function. The calls the entry takes in C never reach it."""
+    real, calls = impl(name), []
+    if name == "layer_norm":
+        def spy(x, weight=None, bias=None, eps=1e-5, *, axis=-1, out=None, return_stats=False):
+            calls.append(1)
+            return real(x, weight, bias, eps, axis=axis, out=out, return_stats=return_stats)
+    else:
+        def spy(x, weight=None, eps=1e-6, *, axis=-1, out=None, return_stats=False,
+                convention="weight"):
+            calls.append(1)
+            return real(x, weight, eps, axis=axis, out=out, return_stats=return_stats,
+                        convention=convention)
+    spy.__defaults__ = real.__defaults__[:-1] + ((eps,) if eps is not None else
+                                                 real.__defaults__[-1:])
+    return _core._entry(spy, name, RESULTS[name]), calls
 
 
-def test_the_entry_calls_back_to_a_replaced_default():
-    """The default eps is the implementation's own (read from it when the
-    entry is made), used on the fast path."""
+def runtime(word):
+    """An equal str that is not the interned keyword (built at run time)."""
+    return "".join(list(word))
+
+
+@pytest.mark.parametrize("name", ENTRIES)
+def test_which_calls_the_entry_takes_in_c(name):
+    """The common calls (by position or keyword, x included, keywords that
+    are not the interned strings, return_stats either way, axis=-1) never
+    reach the Python function; the others all do. Either way the result is
+    the Python function's."""
+    entry, calls = spy_entry(name)
+    out = np.empty_like(X)
+    extra = {} if name == "layer_norm" else {"convention": "weight"}
+    taken = [((X,), {}), ((X, W), {}), ((), {"x": X, "weight": W}), ((X, W), {"eps": 1e-3}),
+             ((X, W), {"out": out}), ((X, W), {"return_stats": True}),
+             ((X, W), {"return_stats": False, "axis": -1}),
+             ((X, W), {runtime("return_stats"): True, runtime("eps"): 0.0}), ((X, W), extra)]
+    handed_on = [((X, W), {"axis": 1}), ((X, W), {"axis": (-1,)}), ((X.tolist(), W), {}),
+                 ((X[:, ::-1], W), {}), ((X, W), {"eps": 1}), ((X, W), {"axis": 2 ** 70}),
+                 ((X, W), {"return_stats": 1})]
+    if name == "rms_norm":
+        handed_on.append(((X, W), {"convention": "1+weight"}))
+    for i, (args, kw) in enumerate(taken + handed_on):
+        del calls[:]
+        try:
+            want = impl(name)(*args, **kw)
+        except Exception as exc:
+            with pytest.raises(type(exc)):
+                entry(*args, **kw)
+        else:
+            same_result(entry(*args, **kw), want)
+        assert len(calls) == (0 if i < len(taken) else 1), (i, kw)
+
+
+def test_fast_path_uses_the_functions_default_eps():
+    """The default eps the C path uses is the Python function's own, read
+    when the entry is made: an entry over a function whose default is 0.5
+    normalizes with 0.5, in C."""
+    for name in ENTRIES:
+        entry, calls = spy_entry(name, eps=0.5)
+        same_result(entry(X, W), impl(name)(X, W, eps=0.5))
+        assert not calls
+        assert not np.array_equal(entry(X, W), ENTRIES[name](X, W))
     assert_same_bits(lnc.layer_norm(X), lnc.layer_norm(X, eps=1e-5))
     assert_same_bits(lnc.rms_norm(X), lnc.rms_norm(X, eps=1e-6))
-    assert not np.array_equal(lnc.rms_norm(X), lnc.rms_norm(X, eps=1e-5))
+
+
+def test_entry_is_weakly_referenceable():
+    """As a function is (caches keyed by weak references to functions)."""
+    import weakref
+    assert weakref.ref(lnc.layer_norm)() is lnc.layer_norm
 
 
 def test_make_entry_rejects_bad_arguments():
@@ -159,3 +218,5 @@ def test_make_entry_rejects_bad_arguments():
         _core._entry(impl("layer_norm"), "batch_norm", lnc.LayerNormResult)
     with pytest.raises(ValueError):
         _core._entry_params("batch_norm")
+    with pytest.raises(TypeError):
+        _core._entry_params(b"layer_norm")  # once read as a str: a crash

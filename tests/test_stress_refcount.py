@@ -155,7 +155,12 @@ def test_entry_points(data):
     Python function, and errors raised there."""
     x, w, b = data
     out = np.empty_like(x)
+    # the entries' own references: the default eps and the result type
+    held = [f.__wrapped__.__defaults__[-1] for f in (lnc.layer_norm, lnc.rms_norm)] + \
+        [lnc.LayerNormResult, lnc.RMSNormResult]
     for f, kw in [(lnc.layer_norm, {"bias": b}), (lnc.rms_norm, {"convention": "weight"})]:
+        assert_refcounts_stable(lambda: f(x, w, **kw), x, w, b, *held)
+        assert_refcounts_stable(lambda: f(x, w, return_stats=True, **kw), x, w, b, *held)
         assert_refcounts_stable(lambda: f(x, w, eps=1e-3, axis=-1, out=out, **kw), x, w, b, out)
         assert_refcounts_stable(lambda: f(x, weight=w, return_stats=True, **kw), x, w, b)
         assert_result_freed(lambda: f(x, w, return_stats=True, **kw))
