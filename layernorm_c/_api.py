@@ -411,12 +411,9 @@ def layer_norm(
     >>> r.mean, r.var
     (array([11.]), array([5.]))
     """
-    if type(axis) is int and axis == -1:
-        # The common case, done in C with no ufunc machinery, or
-        # NotImplemented when anything needs the general path below.
-        res = _core._fast(x, weight, bias, eps, out, return_stats)
-        if res is not NotImplemented:
-            return LayerNormResult(*res) if return_stats else res
+    # The common case (last axis, an ndarray the kernels read as is) never
+    # gets here: the C entry point in front of this function (_c_entry)
+    # computes it with no ufunc machinery. This is the general path.
     if _lazy.kind(x, weight, bias) is not None:  # dask or xarray: a lazy graph
         return _lazy.layer_norm(x, weight, bias, eps, axis, out, return_stats)  # type: ignore[no-any-return]
 

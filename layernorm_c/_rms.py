@@ -162,11 +162,9 @@ def rms_norm(
     >>> lnc.rms_norm(np.array([3.0, 4.0]), eps=0.0)      # rms = sqrt(12.5)
     array([0.84852814, 1.13137085])
     """
+    # The common case (last axis, convention "weight") never gets here:
+    # the C entry point in front of this function (_c_entry) computes it.
     plus_one = _check_convention(convention)
-    if type(axis) is int and axis == -1 and not plus_one:
-        res = _core._fast_rms(x, weight, eps, out, return_stats)
-        if res is not NotImplemented:
-            return RMSNormResult(*res) if return_stats else res
     if _lazy.kind(x, weight) is not None:  # dask or xarray: a lazy graph
         return _lazy.rms_norm(x, weight, eps, axis, out, return_stats, convention)  # type: ignore[no-any-return]
 
