@@ -665,8 +665,9 @@ LN_ALWAYS_INLINE void LN_FN(add_squares)(LN_T lane[LN_LANES], const LN_S *x, siz
         lane[j] = LN_FN(add_square)(lane[j], LN_FN(center)(LN_LOAD(x + i + j), hi, lo));
 }
 
-/* Sum of squares of the centered values (x - hi) - lo. */
-static double LN_FN(sum_squares)(const LN_S *x, size_t d, LN_T hi, LN_T lo)
+/* Sum of squares of the centered values (x - hi) - lo; far: the record
+ * is read from memory (the level's loop asks for its lines ahead). */
+static double LN_FN(sum_squares)(const LN_S *x, size_t d, LN_T hi, LN_T lo, int far)
 {
     if (d <= LN_SHORT)
         return LN_FN(sum_squares_short)(x, d, hi, lo);
@@ -677,10 +678,11 @@ static double LN_FN(sum_squares)(const LN_S *x, size_t d, LN_T hi, LN_T lo)
      * computing its shifted sums as well made (64, 768) 1.15x slower. */
     if (sizeof(LN_T) == sizeof(float) && hi == 0 && lo == 0) {
         double t[LN_LANES];
-        LN_SHIFTED_SQUARES_ROWS(x, d, (LN_T)0, (LN_T)0, NULL, t);
+        LN_SHIFTED_SQUARES_ROWS(x, d, (LN_T)0, (LN_T)0, NULL, t, far);
         return ln_tree_sum(t);
     }
 #endif
+    (void)far;
     double total[LN_LANES] = {0};
     size_t i = 0;
     for (; LN_PAIR_BLOCKS && i + 2 * LN_BLOCK <= d; i += 2 * LN_BLOCK) {
@@ -712,14 +714,15 @@ static double LN_FN(sum_squares)(const LN_S *x, size_t d, LN_T hi, LN_T lo)
  * longer than LN_ONE_PASS_MIN_D (no short path). The two arrays are
  * independent chains, so one block at a time keeps the adders busy. */
 static void LN_FN(sum_shifted_squares)(const LN_S *x, size_t d, LN_T shift, LN_T c,
-                                       double *s1, double *s2)
+                                       double *s1, double *s2, int far)
 {
 #if defined(LN_SHIFTED_SQUARES_ROWS)
     /* The level's own loop (ln_x86.h), in the same order; it writes every
      * lane's total. */
     double t1[LN_LANES], t2[LN_LANES];
-    LN_SHIFTED_SQUARES_ROWS(x, d, shift, c, t1, t2);
+    LN_SHIFTED_SQUARES_ROWS(x, d, shift, c, t1, t2, far);
 #else
+    (void)far;
     double t1[LN_LANES] = {0}, t2[LN_LANES] = {0};
     LN_T a[LN_LANES] = {0}, q[LN_LANES] = {0};
     for (size_t i = 0; i < d;) {

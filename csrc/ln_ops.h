@@ -50,13 +50,13 @@ static int LN_OPS(constant_record)(const LN_S *x, size_t d, const ln_stats *st, 
 #if defined(LN_WIDE)
 /* ---- computed in float, with the double instance as the fallback ---- */
 
-static void LN_OPS(ln_stats)(const LN_S *x, size_t d, ln_stats *st, int rms)
+static void LN_OPS(ln_stats)(const LN_S *x, size_t d, ln_stats *st, int rms, int far)
 {
-    LN_CORE(stats_of)(x, d, st, rms);
+    LN_CORE(stats_of)(x, d, st, rms, far);
     if (!(st->var >= LN_F32_VAR_MIN && st->var <= LN_F32_VAR_MAX) ||
         !isfinite(st->mean)) {
         if (!LN_OPS(constant_record)(x, d, st, rms))
-            LN_WIDE(stats_of)(x, d, st, rms);
+            LN_WIDE(stats_of)(x, d, st, rms, 0);
     }
     ln_canonical_nans(st);
 }
@@ -133,9 +133,9 @@ static const LN_S *LN_OPS(scaled_row)(const LN_S *x, size_t d, double s,
  * about 1e154, or tiny values) is measured at its scale. LN_ENOMEM if the
  * spare row could not be had. */
 static int LN_OPS(ln_stats_scaled)(const LN_S *x, size_t d, ln_stats *st,
-                                   ln_spare *spare, int rms)
+                                   ln_spare *spare, int rms, int far)
 {
-    LN_CORE(stats_of)(x, d, st, rms);
+    LN_CORE(stats_of)(x, d, st, rms, far);
     if (isfinite(st->mean) && st->var >= LN_F64_VAR_MIN && st->var <= DBL_MAX)
         return LN_OK;
     if (LN_OPS(constant_record)(x, d, st, rms)) /* the same statistics at any scale */
@@ -145,7 +145,7 @@ static int LN_OPS(ln_stats_scaled)(const LN_S *x, size_t d, ln_stats *st,
         const LN_S *xs = LN_OPS(scaled_row)(x, d, s, spare);
         if (xs == NULL)
             return LN_ENOMEM;
-        LN_CORE(stats_of)(xs, d, st, rms);
+        LN_CORE(stats_of)(xs, d, st, rms, 0);
         st->mean /= s;
         st->var = st->var / s / s; /* inf if the true variance is */
     }
@@ -177,7 +177,7 @@ static int LN_OPS(ln_output)(const LN_S *x, LN_S *y, size_t d, const LN_P *w,
     if (xs == NULL)
         return LN_ENOMEM;
     ln_stats scaled;
-    LN_CORE(stats_of)(xs, d, &scaled, rms);
+    LN_CORE(stats_of)(xs, d, &scaled, rms, 0);
     rstd = ln_inverse_std(scaled.var, eps * s * s);
     if (rstd > DBL_MAX) /* var + eps == 0 even at scale: constant, eps = 0 */
         LN_CORE(fill_nan)(y, d);
@@ -225,6 +225,21 @@ static size_t LN_OPS(group_size)(size_t row)
     return row <= LN_PAIR_MAX_ROW_BYTES ? 2 : 1;
 }
 
+/* Does the statistics pass of a record of this call ask for its lines
+ * ahead (ln_tmpl.h, LN_STATS_AHEAD)? In large calls, for rows of at
+ * least LN_FAR_ROW_BYTES; shorter rows have the output pass ask for the
+ * next group instead (record_ahead), and rows of exactly that size both.
+ * out=, 1 thread, against record_ahead alone: both, float32 (16384,
+ * 2048) 0.90-0.93x the time, float64 (16384, 1024) 0.92-0.94x, but
+ * float64 (16384, 768) 1.13x; for rows of 4 to 8 KiB this pass alone
+ * cost float64 (16384, 768) 1.21x. In smaller calls, whose rows are in
+ * cache, asking cost float32 (128, 4096) 1-4%. */
+#define LN_FAR_ROW_BYTES (2 * LN_STATS_AHEAD)
+static int LN_OPS(stats_ahead)(const ln_rows *r)
+{
+    return r->ahead && r->d * sizeof(LN_S) >= LN_FAR_ROW_BYTES;
+}
+
 /* The statistics of record k (0, or LN_ENOMEM): LayerNorm's, or (rms)
  * RMSNorm's, whose record is NaN too when it holds a non-finite value. */
 static int LN_OPS(record_stats)(const ln_rows *r, size_t k, int rms)
@@ -232,9 +247,9 @@ static int LN_OPS(record_stats)(const ln_rows *r, size_t k, int rms)
     const LN_S *x = (const LN_S *)((const char *)r->x + (ptrdiff_t)k * r->x_row);
     ln_stats *st = &r->st[k];
 #if defined(LN_WIDE)
-    LN_OPS(ln_stats)(x, r->d, st, rms);
+    LN_OPS(ln_stats)(x, r->d, st, rms, LN_OPS(stats_ahead)(r));
 #else
-    if (LN_OPS(ln_stats_scaled)(x, r->d, st, r->spare, rms) != LN_OK)
+    if (LN_OPS(ln_stats_scaled)(x, r->d, st, r->spare, rms, LN_OPS(stats_ahead)(r)) != LN_OK)
         return LN_ENOMEM;
 #endif
     if (rms && !isfinite(st->var) && !LN_CORE(all_finite)(x, r->d))
@@ -242,7 +257,8 @@ static int LN_OPS(record_stats)(const ln_rows *r, size_t k, int rms)
     return LN_OK;
 }
 
-/* In a large call (r->ahead: an output of 8 MiB or more) each lane
+/* In a large call (r->ahead: an output of 8 MiB or more) with records
+ * of up to LN_FAR_ROW_BYTES, each lane
  * row of outputs asks for the same lines of the record one group ahead
  * (into L2), so that the memory reads the next group while this one is
  * written: its statistics pass then finds it in cache. out=, 1 thread,
@@ -263,11 +279,14 @@ static int LN_OPS(record_stats)(const ln_rows *r, size_t k, int rms)
  * nothing ahead until measured with it: float32 (200000, 256) 0.82-0.86x,
  * (100000, 200) 0.89-0.90x, (300000, 100) 0.98x, float64 (200000, 100)
  * 0.93x, float16 (200000, 256) 0.97-0.98x; float16 (300000, 100) and
- * float32 (1e6, 72) level. */
+ * float32 (1e6, 72) level. Longer records ask for nothing here since
+ * their statistics pass asks for its own lines (stats_ahead): for them
+ * this prefetch had come to cost, float32 (16384, 4096) out= 1.41-1.54x
+ * np.copyto with it, 1.20-1.33x without. */
 static const void *LN_OPS(record_ahead)(const ln_rows *r, size_t k)
 {
     size_t group = LN_OPS(group_size)(r->d * sizeof(LN_S));
-    if (!r->ahead || k + group >= r->n)
+    if (!r->ahead || k + group >= r->n || r->d * sizeof(LN_S) > LN_FAR_ROW_BYTES)
         return NULL;
     return (const char *)r->x + (ptrdiff_t)(k + group) * r->x_row;
 }
@@ -474,11 +493,11 @@ static int LN_OPS(forward_mean)(const LN_S *x, size_t d, ln_spare *spare, double
     ln_stats st;
 #if defined(LN_WIDE)
     (void)spare;
-    LN_OPS(ln_stats)(x, d, &st, 0);
+    LN_OPS(ln_stats)(x, d, &st, 0, 0);
     *m0 = (double)(float)st.mean;
     return LN_OK;
 #else
-    int rc = LN_OPS(ln_stats_scaled)(x, d, &st, spare, 0);
+    int rc = LN_OPS(ln_stats_scaled)(x, d, &st, spare, 0, 0);
     *m0 = st.mean;
     return rc;
 #endif

@@ -28,11 +28,11 @@ static inline LN_T LN_FN(square_shift)(const LN_S *x)
  * mean of item 4 and, when the square shift c lies within a standard
  * deviation of it, the variance from the squares around c (1), else 0:
  * the caller takes the second pass. */
-static int LN_FN(stats_one_pass)(const LN_S *x, size_t d, ln_stats *st)
+static int LN_FN(stats_one_pass)(const LN_S *x, size_t d, ln_stats *st, int far)
 {
     LN_T shift = LN_LOAD(x), c = LN_FN(square_shift)(x);
     double s1, s2;
-    LN_FN(sum_shifted_squares)(x, d, shift, c, &s1, &s2);
+    LN_FN(sum_shifted_squares)(x, d, shift, c, &s1, &s2, far);
     double md = s1 / (double)d; /* mean - x[0] */
     st->mean = (double)shift + md;
     /* mean - c without the mean's rounding, which is relative to the
@@ -46,26 +46,27 @@ static int LN_FN(stats_one_pass)(const LN_S *x, size_t d, ln_stats *st)
 }
 
 /* The mean, then var = sum(((x - hi) - lo)^2) / d (one pass for long
- * records when that is accurate). */
-static void LN_FN(stats)(const LN_S *x, size_t d, ln_stats *st)
+ * records when that is accurate). far: the record is read from memory
+ * (ln_tmpl.h, ln_prefetch_ahead). */
+static void LN_FN(stats)(const LN_S *x, size_t d, ln_stats *st, int far)
 {
     if (d > LN_ONE_PASS_MIN_D) {
-        if (LN_FN(stats_one_pass)(x, d, st))
+        if (LN_FN(stats_one_pass)(x, d, st, far))
             return;
     } else {
         st->mean = LN_FN(mean_of)(x, d);
     }
     LN_T hi = (LN_T)st->mean;
     LN_T lo = (LN_T)(st->mean - (double)hi);
-    st->var = LN_FN(sum_squares)(x, d, hi, lo) / (double)d;
+    st->var = LN_FN(sum_squares)(x, d, hi, lo, 0) / (double)d;
 }
 
 /* RMSNorm's statistics: mean 0 and var the mean square, sum(x^2) / d in
  * the same order (the squares of the centered values with hi = lo = 0). */
-static void LN_FN(stats_rms)(const LN_S *x, size_t d, ln_stats *st)
+static void LN_FN(stats_rms)(const LN_S *x, size_t d, ln_stats *st, int far)
 {
     st->mean = 0.0;
-    st->var = LN_FN(sum_squares)(x, d, (LN_T)0, (LN_T)0) / (double)d;
+    st->var = LN_FN(sum_squares)(x, d, (LN_T)0, (LN_T)0, far) / (double)d;
 }
 
 /* Are all the record's values finite? (Asked only when RMSNorm's mean
@@ -111,13 +112,14 @@ static inline int LN_FN(is_constant)(const LN_S *x, size_t d, int zero)
     return 1;
 }
 
-/* LayerNorm's statistics, or (rms) RMSNorm's. */
-static inline void LN_FN(stats_of)(const LN_S *x, size_t d, ln_stats *st, int rms)
+/* LayerNorm's statistics, or (rms) RMSNorm's; far: the record is read
+ * from memory. */
+static inline void LN_FN(stats_of)(const LN_S *x, size_t d, ln_stats *st, int rms, int far)
 {
     if (rms)
-        LN_FN(stats_rms)(x, d, st);
+        LN_FN(stats_rms)(x, d, st, far);
     else
-        LN_FN(stats)(x, d, st);
+        LN_FN(stats)(x, d, st, far);
 }
 
 /* y from the statistics and rstd = 1/sqrt(var + eps) (in double). With

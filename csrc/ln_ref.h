@@ -21,8 +21,9 @@ static double LN_FN(sum_shifted)(const LN_S *x, size_t d, LN_T shift)
 }
 
 /* Sum of squares of the centered values (x - hi) - lo. */
-static double LN_FN(sum_squares)(const LN_S *x, size_t d, LN_T hi, LN_T lo)
+static double LN_FN(sum_squares)(const LN_S *x, size_t d, LN_T hi, LN_T lo, int far)
 {
+    (void)far; /* the reference asks for nothing ahead */
     double total[LN_LANES] = {0};
     LN_T lane[LN_LANES] = {0};
     for (size_t i = 0; i < d; i++) {
@@ -37,8 +38,9 @@ static double LN_FN(sum_squares)(const LN_S *x, size_t d, LN_T hi, LN_T lo)
 /* One pass, both sums of the one-pass statistics (ln_contract.h, item
  * 5): of x[i] - shift, and of the squares of x[i] - c. */
 static void LN_FN(sum_shifted_squares)(const LN_S *x, size_t d, LN_T shift, LN_T c,
-                                       double *s1, double *s2)
+                                       double *s1, double *s2, int far)
 {
+    (void)far;
     double t1[LN_LANES] = {0}, t2[LN_LANES] = {0};
     LN_T l1[LN_LANES] = {0}, l2[LN_LANES] = {0};
     for (size_t i = 0; i < d; i++) {

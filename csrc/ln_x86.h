@@ -988,7 +988,7 @@ static inline void ln_stats_flush16(ln_stats_part16 *p, int kind)
  * whose centered values are x itself, in the same order. */
 static inline __attribute__((always_inline)) void
 ln_shifted_squares_rows(const void *x, size_t d, float shift, float c, double t1[LN_LANES],
-                        double t2[LN_LANES], int kind, int shifted)
+                        double t2[LN_LANES], int kind, int shifted, int far)
 {
     const size_t es = kind == LN_ROWS_F32 ? 4 : 2;
     const char *xb = x;
@@ -1002,6 +1002,8 @@ ln_shifted_squares_rows(const void *x, size_t d, float shift, float c, double t1
         }
         for (size_t i = 0; i < d;) {
             size_t end = d - i > LN_BLOCK ? i + LN_BLOCK : d;
+            if (far && j0 == 0)
+                ln_prefetch_ahead(xb, i * es, (end - i) * es, d * es);
             for (; i + LN_LANES <= end; i += LN_LANES)
                 for (int k = 0; k < LN_STATS_PARTS; k++) {
                     __m256 v[2];
@@ -1030,30 +1032,30 @@ ln_shifted_squares_rows(const void *x, size_t d, float shift, float c, double t1
  * NULL asks for the squares of x alone (shift and c 0). */
 static inline __attribute__((always_inline)) void
 ln_shifted_squares_kind(const void *x, size_t d, float shift, float c, double t1[LN_LANES],
-                        double t2[LN_LANES], int kind)
+                        double t2[LN_LANES], int kind, int far)
 {
     if (t1)
-        ln_shifted_squares_rows(x, d, shift, c, t1, t2, kind, 1);
+        ln_shifted_squares_rows(x, d, shift, c, t1, t2, kind, 1, far);
     else
-        ln_shifted_squares_rows(x, d, 0.0f, 0.0f, NULL, t2, kind, 0);
+        ln_shifted_squares_rows(x, d, 0.0f, 0.0f, NULL, t2, kind, 0, far);
 }
 
 static void ln_shifted_squares_f32(const float *x, size_t d, float shift, float c,
-                                   double t1[LN_LANES], double t2[LN_LANES])
+                                   double t1[LN_LANES], double t2[LN_LANES], int far)
 {
-    ln_shifted_squares_kind(x, d, shift, c, t1, t2, LN_ROWS_F32);
+    ln_shifted_squares_kind(x, d, shift, c, t1, t2, LN_ROWS_F32, far);
 }
 
 static void ln_shifted_squares_f16(const uint16_t *x, size_t d, float shift, float c,
-                                   double t1[LN_LANES], double t2[LN_LANES])
+                                   double t1[LN_LANES], double t2[LN_LANES], int far)
 {
-    ln_shifted_squares_kind(x, d, shift, c, t1, t2, LN_ROWS_F16);
+    ln_shifted_squares_kind(x, d, shift, c, t1, t2, LN_ROWS_F16, far);
 }
 
 static void ln_shifted_squares_bf16(const uint16_t *x, size_t d, float shift, float c,
-                                    double t1[LN_LANES], double t2[LN_LANES])
+                                    double t1[LN_LANES], double t2[LN_LANES], int far)
 {
-    ln_shifted_squares_kind(x, d, shift, c, t1, t2, LN_ROWS_BF16);
+    ln_shifted_squares_kind(x, d, shift, c, t1, t2, LN_ROWS_BF16, far);
 }
 /*
  * The same for float64 rows, whose block lanes are double: sixteen lanes
@@ -1084,7 +1086,7 @@ static inline void ln_stats_step4d_first(__m256d *a, __m256d *q, const double *x
 }
 
 static void ln_shifted_squares_f64(const double *x, size_t d, double shift, double c,
-                                   double t1[LN_LANES], double t2[LN_LANES])
+                                   double t1[LN_LANES], double t2[LN_LANES], int far)
 {
     const __m256d vs = _mm256_set1_pd(shift), vc = _mm256_set1_pd(c);
     for (size_t j = 0; j < LN_LANES; j++)
@@ -1095,6 +1097,8 @@ static void ln_shifted_squares_f64(const double *x, size_t d, double shift, doub
             __m256d a[4], q[4];
             for (int h = 0; h < 4; h++)
                 a[h] = q[h] = _mm256_setzero_pd();
+            if (far && j0 == 0)
+                ln_prefetch_ahead(x, i * 8, (end - i) * 8, d * 8);
             for (; i + LN_LANES <= end; i += LN_LANES)
                 for (int h = 0; h < 4; h++)
                     ln_stats_step4d(&a[h], &q[h], _mm256_loadu_pd(x + i + j0 + 4 * h), vs, vc);
