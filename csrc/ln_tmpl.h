@@ -100,8 +100,10 @@ static inline void ln_prefetch(const char *p, size_t bytes)
  * (16384, 2048) 0.90-0.93x; float64 (8192, 4096) 0.86-0.87x, (16384,
  * 1024) 0.92-0.94x; float16 (16384, 4096) 0.79-0.81x, bfloat16 0.82x;
  * RMSNorm float32 (16384, 4096) 0.83x; the avx2 level's float32 (16384,
- * 4096) 0.87x. 1 KiB ahead gained less (1.16-1.21x copyto), 8 KiB as
- * much; inside the record only, so nothing past the array is asked for. */
+ * 4096) 0.87x. An earlier form, a lane row at a time and past the
+ * record's end, timed in separate processes: 1 KiB ahead 1.16-1.21x
+ * copyto, 4 KiB 1.03-1.13x, 8 KiB 1.10-1.11x. Now a block at a time and
+ * inside the record only, so nothing past the array is asked for. */
 #define LN_STATS_AHEAD 4096
 
 /* The lines of [at, at + bytes) of a record of `end` bytes at x, moved
