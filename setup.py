@@ -79,8 +79,12 @@ else:
     opt = os.environ.get("LAYERNORM_C_OPT", "") or "-O3"
     if opt not in ("-O0", "-O1", "-O2", "-O3"):
         sys.exit(f"setup.py: LAYERNORM_C_OPT must be -O0, -O1, -O2 or -O3, not {opt!r}")
+    # -fvisibility=hidden: the module exports PyInit__core and the two
+    # threadpoolctl functions (LN_EXPORT), not every non-static function of
+    # the C core (ln_batch_run, ln_acc_*, ...), whose names another library
+    # loaded into the process could share.
     compile_args = [opt, "-std=c11", "-ffp-contract=off", "-fno-fast-math", "-fno-math-errno",
-                    "-Wall", "-Wextra", "-Wno-unused-parameter"]
+                    "-fvisibility=hidden", "-Wall", "-Wextra", "-Wno-unused-parameter"]
     link_args = ["-pthread"]
     if os.environ.get("LAYERNORM_C_RELEASE", "") not in ("", "0"):
         compile_args.append("-g0")

@@ -157,3 +157,20 @@ def test_concurrent_large_calls_share_the_pool_correctly(restore_settings):
         for _ in range(3):
             got = list(ex.map(lambda x: lnc.layer_norm(x).tobytes(), inputs))
             assert got == want
+
+
+def test_core_exports_only_its_entry_points():
+    """The C core's own functions and tables stay private to the module
+    (setup.py's -fvisibility=hidden): the shared library exports the module
+    init and the two threadpoolctl functions, not names like ln_batch_run
+    that another library in the process could share."""
+    import ctypes
+
+    from layernorm_c import _core
+
+    lib = ctypes.CDLL(_core.__file__)
+    for name in ("layernorm_c_get_num_threads", "layernorm_c_set_num_threads"):
+        assert hasattr(lib, name), name
+    for name in ("ln_batch_run", "ln_kernels_for", "ln_acc_merge", "ln_parallel_for",
+                 "ln_kernels_avx2"):
+        assert not hasattr(lib, name), f"_core exports {name}"
