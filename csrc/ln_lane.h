@@ -551,7 +551,10 @@ LN_ALWAYS_INLINE void LN_FN(group_output_rows)(LN_FN(short_group) *g, const char
     int direct = LN_FN(group_direct)(d, narrow);
     const char *src = direct ? x : (const char *)g->rows;
     ptrdiff_t src_row = direct ? x_row : (ptrdiff_t)sizeof g->rows[0];
-    if (direct && !stream && LN_FN(group_all_kept)(keep, n)) { /* straight into y */
+    /* Straight into y, unless streamed; narrow records (of at most 64
+     * bytes) never are (group_put): through the group's rows, float32
+     * (1e6, 16) out= took 1.08x as long, (1e6, 8) 1.14x. */
+    if (direct && (!stream || narrow) && LN_FN(group_all_kept)(keep, n)) {
         LN_SHORT_OUTPUT_ROWS(src, src_row, y, y_row, n, d, g->hi, r, c, wp, bp);
         return;
     }

@@ -267,12 +267,16 @@ def test_short_records_streamed_into_a_large_out(dtype, d, restore_settings):
     """Short float32/float64 records of 128 bytes or more written into an
     existing out= of 8 MiB or more go out a group at a time with streaming
     stores from the first 64-byte boundary on (shorter ones, and float16
-    ones, record by record): the same bits as the plain stores of a new
-    array, at any alignment of out (the head and tail of each group stored
-    plainly)."""
+    ones, with plain stores: float32 d = 16 straight from the group's
+    loop): the same bits as the plain stores of a new array, at any
+    alignment of out (the head and tail of each group stored plainly). A
+    NaN record (left to the record path: its group is not written whole)
+    and a record of zeros (kept by its group) sit among them."""
     rng = np.random.default_rng(31)
     n = (34 << 20) // (d * dtype.itemsize) + 5
     x = (rng.standard_normal((n, d)) * 3 + 1).astype(dtype)
+    x[40, 3] = np.nan
+    x[n - 20] = 0.0
     w, b = (rng.uniform(0.5, 2, d).astype(dtype), rng.standard_normal(d).astype(dtype))
     out = _check_layer_norm_into_shifted_outs(x, w, b)
     rms = lnc.rms_norm(x, w)
