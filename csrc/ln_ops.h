@@ -403,27 +403,29 @@ LN_ALWAYS_INLINE int LN_OPS(norm_short_rows_in)(const ln_rows *r, int rms, int n
     const LN_P *w = rw ? wp : NULL, *b = rb ? bp : NULL;
     for (size_t k0 = 0; k0 < r->n; k0 += LN_SHORT_GROUP) {
         size_t n = r->n - k0 < LN_SHORT_GROUP ? r->n - k0 : LN_SHORT_GROUP;
-        int keep[LN_SHORT_GROUP] = {0};
+        int keep[LN_SHORT_GROUP] = {0}, all = 0;
         /* A group costs as much for 1 record as for 16: a few records (a
          * one-record call) all take the record path below, the same bits. */
         if (n >= LN_SHORT_GROUP_MIN) {
             const char *x = (const char *)r->x + (ptrdiff_t)k0 * r->x_row;
             char *y = (char *)r->y + (ptrdiff_t)k0 * r->y_row;
             LN_CORE(group_stats)(&g, x, r->x_row, n, dk ? dk : r->d, r->eps + k0, rms, narrow);
+            /* Every record's statistics, in a loop without branches: the
+             * record path below computes its own records' again. */
+            for (size_t k = 0; k < n; k++)
+                r->st[k0 + k] = (ln_stats){.mean = g.mean[k], .var = g.var[k]};
             LN_OPS(group_plain)(&g, r->eps + k0, n, keep);
-            for (size_t k = 0; k < n; k++) {
-                ln_stats st = {.mean = g.mean[k], .var = g.var[k]};
+            all = LN_CORE(group_all_kept)(keep, n);
+            for (size_t k = 0; k < n && !all; k++)
                 if (!keep[k])
-                    keep[k] = LN_OPS(short_is_constant)(r, k0 + k, &st, g.rstd[k], rms);
-                if (keep[k])
-                    r->st[k0 + k] = st;
-            }
+                    keep[k] = LN_OPS(short_is_constant)(r, k0 + k, &r->st[k0 + k], g.rstd[k],
+                                                        rms);
             if (LN_OPS(short_ahead)(r, k0))
                 LN_OPS(prefetch_next_group)(r, k0);
             LN_CORE(group_output)(&g, x, r->x_row, y, r->y_row, n, dk ? dk : r->d, w, b, keep,
                                   r->stream, narrow);
         }
-        for (size_t k = 0; k < n; k++) {
+        for (size_t k = 0; k < n && !all; k++) {
             if (keep[k])
                 continue;
             if (LN_OPS(record_stats)(r, k0 + k, rms) != LN_OK)
