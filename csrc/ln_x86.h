@@ -1165,6 +1165,23 @@ static inline __attribute__((always_inline)) void ln_lane_masks(__m256 m[8], siz
  * 16 features skips those levels with the same bits. */
 static inline __attribute__((always_inline)) __m256d ln_tree_to4(const __m256 a[4], int na)
 {
+#if LN_VEC_BYTES == 64
+    /* AVX-512: a register's eight lanes widened at once, the levels 16
+     * and 8 lanes apart added eight lanes at a time, the level 4 apart as
+     * the two halves of one register: the same additions in the same
+     * order, in 8 instructions where the four-lane form takes 19. One
+     * thread, both orders of a paired run: float32 forward out= (4096, 64)
+     * and (4096, 32) 0.91x the time, (1e6, 16) 0.94x, (1e6, 48) 0.92x;
+     * RMSNorm (1e6, 64) 0.92x; float16 (1e6, 64) 0.91x; float32 backward
+     * (4096, 32) 0.91-0.95x, (1e5, 24) 0.89-0.95x. */
+    __m512d z[4];
+    for (int q = 0; q < na; q++)
+        z[q] = _mm512_cvtps_pd(a[q]);
+    for (int h = na / 2; h >= 1; h /= 2)
+        for (int i = 0; i < h; i++)
+            z[i] = _mm512_add_pd(z[i], z[i + h]);
+    return _mm256_add_pd(_mm512_castpd512_pd256(z[0]), _mm512_extractf64x4_pd(z[0], 1));
+#else
     __m256d t[8];
     for (int q = 0; q < na; q++) {
         t[2 * q] = _mm256_cvtps_pd(_mm256_castps256_ps128(a[q]));
@@ -1174,6 +1191,7 @@ static inline __attribute__((always_inline)) __m256d ln_tree_to4(const __m256 a[
         for (int i = 0; i < h; i++)
             t[i] = _mm256_add_pd(t[i], t[i + h]);
     return t[0];
+#endif
 }
 
 /* The tree's last two levels (lane 0 += lane 2 and 1 += 3, then 0 += 1)
