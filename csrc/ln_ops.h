@@ -312,11 +312,10 @@ static int LN_OPS(record_output)(const ln_rows *r, size_t k, int rms)
  * and 1/std inside the range of the core instance. Everything else takes
  * the record path below, which repeats the same operations and then makes
  * its fallback decisions (ln_contract.h, items 8 and 9). Written with &
- * (the same value as &&: ln_eps_is_valid, isfinite) so that group_plain's
- * loop has no branches. */
+ * (the same value as &&) so that group_plain's loop has no branches. */
 static inline int LN_OPS(short_is_plain)(double mean, double var, double eps, double rstd)
 {
-    int ok = (eps >= 0.0) & (eps <= DBL_MAX) & (fabs(mean) <= DBL_MAX);
+    int ok = ln_eps_is_valid(eps) & isfinite(mean);
 #if defined(LN_WIDE)
     return ok & LN_OPS(fits_float)(var, rstd);
 #else

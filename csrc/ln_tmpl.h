@@ -116,7 +116,9 @@ static inline void ln_prefetch_ahead(const void *x, size_t at, size_t bytes, siz
 
 static inline int ln_eps_is_valid(double eps)
 {
-    return eps >= 0.0 && eps <= DBL_MAX; /* false for NaN and inf */
+    /* false for NaN and inf; & rather than && (the same value), so that
+     * loops of it across records have no branches */
+    return (eps >= 0.0) & (eps <= DBL_MAX);
 }
 
 /* 1 / sqrt(var + eps) in double, so float16/float32 records never see eps
