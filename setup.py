@@ -61,13 +61,14 @@ SOURCES = [
     "csrc/ln_batch.c",
     "csrc/ln_stage.c",
     "csrc/ln_pool.c",
+    "csrc/ln_cache.c",
     "csrc/ln_accum.c",
     "csrc/ln_dispatch.c",
 ]
 
 HEADERS = [
     "csrc/layernorm.h", "csrc/ln_contract.h", "csrc/ln_half.h", "csrc/ln_pool.h",
-    "csrc/ln_stage.h", "csrc/ln_tmpl.h", "csrc/ln_level.h", "csrc/ln_instance.h",
+    "csrc/ln_cache.h", "csrc/ln_stage.h", "csrc/ln_tmpl.h", "csrc/ln_level.h", "csrc/ln_instance.h",
     "csrc/ln_ref.h", "csrc/ln_lane.h", "csrc/ln_elem.h", "csrc/ln_record.h",
     "csrc/ln_ops.h", "csrc/ln_x86.h", "csrc/ln_accum.h",
 ]

@@ -17,7 +17,8 @@ and the NumPy formula. Every result is checked against the float64
 reference before it is timed; a peer that disagrees, fails or is missing is
 reported under the tables, not timed. A table of its own measures what
 the backward's exact parameter-gradient sums cost against plain float64
-sums (issue 10). See benchmarks/README.md and docs/benchmarks.rst.
+sums (issue 10), another the allocating call with the output cache on and
+off. See benchmarks/README.md and docs/benchmarks.rst.
 """
 from __future__ import annotations
 
@@ -81,6 +82,10 @@ SUMS_COST_SHAPES: Tuple[Tuple[int, int], ...] = (
 SUMS_COST_RMS_SHAPES: Tuple[Tuple[int, int], ...] = ((4096, 768),)
 QUICK_SUMS_COST_SHAPES: Tuple[Tuple[int, int], ...] = ((64, 64), (256, 512))
 QUICK_SUMS_COST_RMS_SHAPES: Tuple[Tuple[int, int], ...] = ((256, 512),)
+#: The rows of the output cache's table (float32, allocating layer_norm;
+#: the cache keeps outputs of 32 MiB or more): a full run and --quick.
+CACHE_SHAPES: Tuple[Tuple[int, int], ...] = ((16384, 4096), (1_000_000, 64))
+QUICK_CACHE_SHAPES: Tuple[Tuple[int, int], ...] = ((2048, 4096),)
 #: layernorm_c's own implementations and the floors: a failure there stops
 #: the run (a peer's failure is only reported).
 OWN = ("floor", "floor_alloc", "lnc", "lnc_out", "lnc_ufunc")
@@ -100,6 +105,8 @@ class Config:
     latency_min_time: float
     #: op name -> the shapes of its rows in the exact sums' table
     sums_cost_shapes: Dict[str, Sequence[Tuple[int, int]]]
+    #: the shapes of the output cache's table
+    cache_shapes: Sequence[Tuple[int, int]]
     max_call: float  # seconds: slower implementations (with a probe) are not timed
     quick: bool
     mode: str  # "quick", "full" (the defaults) or "custom"
@@ -348,6 +355,44 @@ def measure_sums_cost(cfg: Config, peers: Peers) -> dict:
     return {"dtype": "float32", "threads": 1, "rows": rows, "notes": notes}
 
 
+# ---------------------------------------------------------------- the output cache
+
+def output_cache_row(shape: Tuple[int, int], threads: int, cfg: Config, peers: Peers) -> dict:
+    """layer_norm's allocating call on ``shape`` float32 with the output
+    cache on (the loop's freed outputs are written again) and off (every
+    output in fresh pages), each timed side by side with ``x.copy()`` (the
+    fresh array's floor) and the ``out=`` call; the results checked against
+    ``out=``'s first, bit for bit."""
+    set_threads(threads, cfg, peers)
+    inp = make_inputs(*float32_data(shape), "float32")
+    x, w, b, eps = inp.x, inp.w, inp.b, OPS["layer_norm"].eps
+    out = np.empty_like(x)
+    calls = {"copy": x.copy, "out": partial(lnc.layer_norm, x, w, b, eps, out=out),
+             "alloc": partial(lnc.layer_norm, x, w, b, eps)}
+    limit = lnc.get_output_cache().limit
+    seconds = {}
+    try:
+        for state, bytes_kept in (("on", limit or 1 << 30), ("off", 0)):
+            lnc.set_output_cache(bytes_kept)
+            if not np.array_equal(calls["alloc"](), calls["out"]()):
+                raise RuntimeError(f"layer_norm {fmt_shape(shape)}: the allocating call with "
+                                   f"the cache {state} differs from out=")
+            seconds[state] = measure(calls, cfg.repeats, cfg.min_time)
+    finally:
+        lnc.set_output_cache(limit)
+    ratios = {f"{state}/copy": ratio(seconds[state]["alloc"], seconds[state]["copy"])
+              for state in seconds}
+    return {"shape": list(shape), "threads": threads, "seconds": seconds, "ratios": ratios}
+
+
+def measure_output_cache(cfg: Config, peers: Peers) -> dict:
+    """The allocating call with the output cache on and off (float32), at
+    each thread count of the run."""
+    rows = [output_cache_row(shape, n, cfg, peers) for shape in cfg.cache_shapes
+            for n in cfg.threads]
+    return {"dtype": "float32", "rows": rows}
+
+
 # ---------------------------------------------------------------- memory
 
 def traced_extra(fn: Callable[[], object], out_nbytes: int) -> Optional[int]:
@@ -555,6 +600,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--no-latency", action="store_true", help="skip the (1, 768) latency table")
     p.add_argument("--no-sums-cost", action="store_true",
                    help="skip the table of the exact parameter-gradient sums' cost")
+    p.add_argument("--no-output-cache", action="store_true",
+                   help="skip the table of the allocating call with the output cache on and off")
     p.add_argument("--rss-child", help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
@@ -590,6 +637,7 @@ def make_config(args: argparse.Namespace) -> Config:
             "layer_norm_backward": QUICK_SUMS_COST_SHAPES if quick else SUMS_COST_SHAPES,
             "rms_norm_backward": QUICK_SUMS_COST_RMS_SHAPES if quick else SUMS_COST_RMS_SHAPES,
         },
+        cache_shapes=QUICK_CACHE_SHAPES if quick else CACHE_SHAPES,
         max_call=args.max_call,
         quick=quick,
         mode="custom" if custom else ("quick" if quick else "full"),
@@ -617,7 +665,8 @@ def output_paths(args: argparse.Namespace) -> Dict[str, Path]:
 
 
 def run(cfg: Config, paths: Dict[str, Path], with_memory: bool = True,
-        with_latency: bool = True, with_sums_cost: bool = True, log=print) -> dict:
+        with_latency: bool = True, with_sums_cost: bool = True, with_output_cache: bool = True,
+        log=print) -> dict:
     """Run every measurement and write every output; restores the thread
     settings, the CPU affinity and JAX's x64 mode."""
     start = time.perf_counter()
@@ -635,6 +684,7 @@ def run(cfg: Config, paths: Dict[str, Path], with_memory: bool = True,
             results = run_cases(cfg, peers, log)
             latency = measure_latency(cfg, peers) if with_latency else None
             sums_cost = measure_sums_cost(cfg, peers) if with_sums_cost else None
+            cache = measure_output_cache(cfg, peers) if with_output_cache else None
             pin(affinity)
             memory = measure_memory(cfg, peers) if with_memory else None
         finally:
@@ -646,12 +696,12 @@ def run(cfg: Config, paths: Dict[str, Path], with_memory: bool = True,
         peers.close()
     info["loadavg_end"] = loadavg()
     info["run_seconds"] = round(time.perf_counter() - start, 1)
-    write_markdown(paths["md"], info, cfg, results, memory, latency, sums_cost)
-    write_rst(paths, info, cfg, results, memory, latency, sums_cost)
-    write_json(paths["json"], info, cfg, results, memory, latency, sums_cost)
+    write_markdown(paths["md"], info, cfg, results, memory, latency, sums_cost, cache)
+    write_rst(paths, info, cfg, results, memory, latency, sums_cost, cache)
+    write_json(paths["json"], info, cfg, results, memory, latency, sums_cost, cache)
     plot(paths["png"], results)
     return {"info": info, "results": results, "memory": memory, "latency": latency,
-            "sums_cost": sums_cost}
+            "sums_cost": sums_cost, "output_cache": cache}
 
 
 def main(argv=None) -> int:
@@ -662,7 +712,7 @@ def main(argv=None) -> int:
         return 0
     cfg, paths = make_config(args), output_paths(args)
     out = run(cfg, paths, with_memory=not args.no_memory, with_latency=not args.no_latency,
-              with_sums_cost=not args.no_sums_cost)
+              with_sums_cost=not args.no_sums_cost, with_output_cache=not args.no_output_cache)
     print()
     print(paths["md"].read_text(encoding="utf-8"))
     print("Wrote: " + ", ".join(str(p) for p in paths.values()))

@@ -15,9 +15,15 @@
 #include <numpy/ufuncobject.h>
 #include <fenv.h>
 #include <float.h>
+#include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
+#if !defined(_WIN32)
+#include <unistd.h>
+#endif
 
 #include "layernorm.h"
+#include "ln_cache.h"
 #include "ln_pool.h"
 
 /* Current settings; read by every call, changed only from Python. */
@@ -430,6 +436,124 @@ static int fast_param(PyObject *o, npy_intp d, ln_operand *op, ln_dtype *result)
     return 0;
 }
 
+/* ---- output memory ------------------------------------------------------ */
+
+/* A call's new output of LN_CACHE_MIN_BYTES or more is allocated through
+ * this handler: when the array dies, its block goes to ln_cache (kept,
+ * within the limit set by set_output_cache, for the next output of the
+ * same size, whose pages are then already there) instead of back to
+ * malloc. Each block begins with its size (NumPy tells free the array's
+ * size as it is then; the header is what was allocated), in 16 bytes:
+ * the data keep malloc's alignment. Smaller outputs, and every other
+ * array, use NumPy's own handler. */
+#define OUT_HEADER 16
+_Static_assert(OUT_HEADER >= sizeof(size_t) && OUT_HEADER % 16 == 0,
+               "the header holds a size and keeps 16-byte alignment");
+
+/* Set by out_malloc: the block came from the cache. Read under the GIL
+ * right after the allocation it describes (new_output). */
+static LN_THREAD_LOCAL int t_out_reused = 0;
+
+static void *out_data(char *block, size_t bytes)
+{
+    memcpy(block, &bytes, sizeof bytes);
+    return block + OUT_HEADER;
+}
+
+static void *out_malloc(void *ctx, size_t bytes)
+{
+    (void)ctx;
+    if (bytes > SIZE_MAX - OUT_HEADER)
+        return NULL;
+    char *block = ln_cache_take(bytes + OUT_HEADER);
+    t_out_reused = block != NULL;
+    if (block == NULL)
+        block = malloc(bytes + OUT_HEADER);
+    if (block == NULL) { /* the kept blocks may be what is missing */
+        ln_cache_release();
+        block = malloc(bytes + OUT_HEADER);
+    }
+    return block ? out_data(block, bytes) : NULL;
+}
+
+static void *out_calloc(void *ctx, size_t n, size_t size)
+{
+    (void)ctx;
+    if (size != 0 && n > (SIZE_MAX - OUT_HEADER) / size)
+        return NULL;
+    char *block = calloc(1, n * size + OUT_HEADER);
+    return block ? out_data(block, n * size) : NULL;
+}
+
+static void *out_realloc(void *ctx, void *data, size_t bytes)
+{
+    if (data == NULL)
+        return out_malloc(ctx, bytes);
+    if (bytes > SIZE_MAX - OUT_HEADER)
+        return NULL;
+    char *block = realloc((char *)data - OUT_HEADER, bytes + OUT_HEADER);
+    return block ? out_data(block, bytes) : NULL;
+}
+
+static void out_free(void *ctx, void *data, size_t size)
+{
+    (void)ctx, (void)size; /* the header's size is the block's */
+    if (data == NULL)
+        return;
+    char *block = (char *)data - OUT_HEADER;
+    size_t bytes;
+    memcpy(&bytes, block, sizeof bytes);
+    ln_cache_give(block, bytes + OUT_HEADER);
+}
+
+/* The cache's limit at import: 1 GiB, or a sixteenth of the machine's
+ * memory when that is less. */
+static size_t default_cache_limit(void)
+{
+    size_t limit = (size_t)1 << 30;
+#if defined(_SC_PHYS_PAGES) && defined(_SC_PAGESIZE)
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    if (pages > 0 && page > 0 && (size_t)pages / 16 < limit / (size_t)page)
+        limit = (size_t)pages / 16 * (size_t)page;
+#endif
+    return limit;
+}
+
+static PyDataMem_Handler out_handler = {
+    .name = "layernorm_c_outputs",
+    .version = 1,
+    .allocator = {.ctx = NULL, .malloc = out_malloc, .calloc = out_calloc,
+                  .realloc = out_realloc, .free = out_free},
+};
+static PyObject *out_handler_capsule; /* "mem_handler", made at import */
+
+/* A new C-ordered array for a call's output. *fresh: its pages are new
+ * (never written: the kernels then do not stream into it, see
+ * ln_batch.c), 0 when it reuses a kept block. */
+static PyObject *new_output(int nd, npy_intp *dims, ln_dtype t, int *fresh)
+{
+    int type = npy_type_of(t);
+    size_t bytes = (size_t)PyArray_MultiplyList(dims, nd) * ln_dtype_size(t);
+    *fresh = 1;
+    if (bytes < LN_CACHE_MIN_BYTES || ln_cache_limit() == 0)
+        return PyArray_SimpleNew(nd, dims, type);
+    PyObject *numpys = PyDataMem_SetHandler(out_handler_capsule);
+    if (numpys == NULL)
+        return NULL;
+    t_out_reused = 0;
+    PyObject *y = PyArray_SimpleNew(nd, dims, type);
+    int reused = t_out_reused;
+    PyObject *ours = PyDataMem_SetHandler(numpys);
+    Py_DECREF(numpys);
+    if (ours == NULL) {
+        Py_XDECREF(y);
+        return NULL;
+    }
+    Py_DECREF(ours);
+    *fresh = !reused;
+    return y;
+}
+
 /* Does [p, p + n) share a byte with the data of a? */
 static int overlaps(PyArrayObject *a, const char *p, size_t n)
 {
@@ -441,11 +565,12 @@ static int overlaps(PyArrayObject *a, const char *p, size_t n)
  * aligned, writeable array shaped like x, of the result dtype, that is x
  * itself or does not overlap it (partial overlap needs the ufunc's copy
  * logic). -1: not for the fast path; -2: error set. */
-static int fast_out(PyObject *o, PyArrayObject *x, ln_dtype t, PyObject **y)
+static int fast_out(PyObject *o, PyArrayObject *x, ln_dtype t, PyObject **y, int *fresh)
 {
     ln_dtype ot;
+    *fresh = 0;
     if (o == Py_None) {
-        *y = PyArray_SimpleNew(PyArray_NDIM(x), PyArray_DIMS(x), npy_type_of(t));
+        *y = new_output(PyArray_NDIM(x), PyArray_DIMS(x), t, fresh);
         return *y == NULL ? -2 : 0;
     }
     if (fast_dtype(o, &ot) < 0 || ot != t)
@@ -540,7 +665,8 @@ static PyObject *fast_norm(ln_op op, PyObject *const *args, int w_in_ctype)
     }
 
     PyObject *y = NULL, *mean = NULL, *var = NULL;
-    int rc_out = fast_out(args[4], x, job.dtype, &y);
+    int fresh;
+    int rc_out = fast_out(args[4], x, job.dtype, &y, &fresh);
     if (rc_out == -1)
         Py_RETURN_NOTIMPLEMENTED;
     if (rc_out < 0)
@@ -567,7 +693,7 @@ static PyObject *fast_norm(ln_op op, PyObject *const *args, int w_in_ctype)
                          .dtype = xt};
     job.y = (ln_operand){.ptr = PyArray_BYTES((PyArrayObject *)y), .row = d * y_isz,
                          .col = y_isz, .dtype = job.dtype};
-    job.y_new = args[4] == Py_None;
+    job.y_new = fresh;
     job.eps = (ln_operand){.ptr = (char *)&eps, .dtype = LN_F64};
 
     char *w_copy = NULL, *b_copy = NULL;
@@ -1044,13 +1170,14 @@ static PyObject *backward(PyObject *self, PyObject *const *args, Py_ssize_t narg
     job.eps = (ln_operand){.ptr = (char *)&eps, .dtype = LN_F64};
 
     npy_intp dims[2] = {n, d};
-    PyObject *dx = PyArray_SimpleNew(2, dims, npy_type_of(job.dtype));
+    int fresh;
+    PyObject *dx = new_output(2, dims, job.dtype, &fresh);
     if (dx == NULL)
         return NULL;
     npy_intp isz = (npy_intp)ln_dtype_size(job.dtype);
     job.y = (ln_operand){.ptr = PyArray_BYTES((PyArrayObject *)dx), .row = d * isz,
                          .col = isz, .dtype = job.dtype};
-    job.y_new = 1;
+    job.y_new = fresh;
     ln_acc dw, db;
     int have_acc = 0;
     if (want_sums) {
@@ -1241,12 +1368,13 @@ static PyObject *fast_backward(PyObject *self, PyObject *const *args, Py_ssize_t
                           .dtype = dyt};
     job.eps = (ln_operand){.ptr = (char *)&eps, .dtype = LN_F64};
 
-    PyObject *dx = PyArray_SimpleNew(nd, PyArray_DIMS(x), npy_type_of(job.dtype));
+    int fresh;
+    PyObject *dx = new_output(nd, PyArray_DIMS(x), job.dtype, &fresh);
     if (dx == NULL)
         return NULL;
     job.y = (ln_operand){.ptr = PyArray_BYTES((PyArrayObject *)dx), .row = d * isz,
                          .col = isz, .dtype = job.dtype};
-    job.y_new = 1;
+    job.y_new = fresh;
     ln_acc dw, db;
     if (job_sums(&job, &dw, &db, (size_t)d, rms) < 0) {
         Py_DECREF(dx);
@@ -1387,6 +1515,30 @@ static PyObject *thread_threshold(PyObject *self, PyObject *noargs)
     return PyLong_FromSize_t(ln_thread_threshold());
 }
 
+/* set_output_cache(limit) -> the previous limit, in bytes. */
+static PyObject *set_output_cache(PyObject *self, PyObject *arg)
+{
+    unsigned long long n = PyLong_AsUnsignedLongLong(arg);
+    if (n == (unsigned long long)-1 && PyErr_Occurred()) {
+        if (PyErr_ExceptionMatches(PyExc_OverflowError)) {
+            PyErr_Clear();
+            PyErr_SetString(PyExc_ValueError, "max_bytes: expected an int of 0 or more "
+                                              "(bytes), below 2**64");
+        }
+        return NULL;
+    }
+    size_t limit = n > SIZE_MAX ? SIZE_MAX : (size_t)n;
+    return PyLong_FromSize_t(ln_cache_set_limit(limit));
+}
+
+/* output_cache() -> (limit, bytes kept, blocks kept). */
+static PyObject *output_cache(PyObject *self, PyObject *noargs)
+{
+    size_t blocks, held = ln_cache_held(&blocks);
+    return Py_BuildValue("nnn", (Py_ssize_t)ln_cache_limit(), (Py_ssize_t)held,
+                         (Py_ssize_t)blocks);
+}
+
 static PyMethodDef core_methods[] = {
     {"_fast", (PyCFunction)(void (*)(void))fast_layer_norm, METH_FASTCALL,
      "_fast(x, weight, bias, eps, out, return_stats): the common case of "
@@ -1423,6 +1575,11 @@ static PyMethodDef core_methods[] = {
     {"_set_thread_limit", set_thread_limit, METH_O,
      "_set_thread_limit(n) -> int: at most n threads for this thread's calls (0: no "
      "limit); returns the previous limit."},
+    {"set_output_cache", set_output_cache, METH_O,
+     "set_output_cache(max_bytes) -> int: keep up to max_bytes of large freed outputs for "
+     "reuse (0: none); returns the previous limit."},
+    {"output_cache", output_cache, METH_NOARGS,
+     "output_cache() -> (limit, bytes kept, blocks kept)."},
     {"thread_threshold", thread_threshold, METH_NOARGS,
      "thread_threshold() -> int: input bytes below which a call never starts threads."},
     {NULL, NULL, 0, NULL},
@@ -1461,6 +1618,10 @@ PyMODINIT_FUNC PyInit__core(void)
     for (int i = 0; i < N_ARGS; i++)
         if ((arg_strs[i] = PyUnicode_InternFromString(arg_names[i])) == NULL)
             return NULL;
+    out_handler_capsule = PyCapsule_New(&out_handler, "mem_handler", NULL);
+    if (out_handler_capsule == NULL)
+        return NULL;
+    ln_cache_set_limit(default_cache_limit());
     PyObject *m = PyModule_Create(&core_module);
     if (m == NULL)
         return NULL;

@@ -33,10 +33,13 @@ from ._rms import (
 from ._threadpool import register_threadpoolctl
 from ._settings import (
     MAX_THREADS,
+    OutputCache,
     get_isa,
     get_num_threads,
+    get_output_cache,
     set_isa,
     set_num_threads,
+    set_output_cache,
     supported_isas,
     thread_threshold,
 )
@@ -83,6 +86,9 @@ __all__ = [
     "set_num_threads",
     "thread_threshold",
     "MAX_THREADS",
+    "set_output_cache",
+    "get_output_cache",
+    "OutputCache",
     "register_threadpoolctl",
     "__version__",
 ]

@@ -1,20 +1,23 @@
-"""Kernel settings: instruction-set level and thread count.
+"""Kernel settings: instruction-set level, thread count and output cache.
 
-Both start from the environment when layernorm_c is imported:
+They start from the environment when layernorm_c is imported:
 ``LAYERNORM_C_ISA`` (``scalar``, ``portable``, ``avx2`` or ``avx512``;
-default: the widest the CPU supports) and ``LAYERNORM_C_NUM_THREADS`` (default: the CPUs this
-process may run on). Results are bit-identical whatever either is set to.
+default: the widest the CPU supports), ``LAYERNORM_C_NUM_THREADS`` (default: the CPUs this
+process may run on) and ``LAYERNORM_C_OUTPUT_CACHE`` (bytes; default: 1 GiB, or a
+sixteenth of the machine's memory if less). Results are bit-identical whatever they are
+set to.
 """
 from __future__ import annotations
 
 import os
 import warnings
-from typing import Tuple
+from typing import NamedTuple, Tuple
 
 from . import _core
 
 __all__ = ["get_isa", "set_isa", "supported_isas", "get_num_threads", "set_num_threads",
-           "thread_threshold", "MAX_THREADS"]
+           "thread_threshold", "MAX_THREADS", "set_output_cache", "get_output_cache",
+           "OutputCache"]
 
 
 #: The largest thread count :func:`set_num_threads` accepts.
@@ -90,6 +93,60 @@ def thread_threshold() -> int:
     return _core.thread_threshold()
 
 
+class OutputCache(NamedTuple):
+    """What :func:`get_output_cache` reports."""
+
+    #: The most bytes of freed outputs kept for reuse (0: none are kept).
+    limit: int
+    #: The bytes kept now.
+    held: int
+    #: The blocks kept now (at most 4).
+    blocks: int
+
+
+def set_output_cache(max_bytes: int) -> int:
+    """Keep up to ``max_bytes`` of large freed outputs for the next calls.
+
+    An output of 32 MiB or more that a call allocates (``layer_norm``,
+    ``rms_norm`` and their backward passes without ``out=``) comes from
+    fresh pages, which the operating system zeroes as they are first
+    written: for a float32 (16384, 4096) output that costs about as much as
+    the normalization. When such an array is freed, layernorm_c keeps its
+    memory (at most 4 blocks, ``max_bytes`` in all, the oldest given back
+    first) and the next call that needs an output of exactly that size
+    writes into it. A loop over batches of one shape then allocates
+    nothing after its first call. The arrays are ordinary NumPy arrays that
+    own their data; only the memory behind them outlives them.
+
+    Parameters
+    ----------
+    max_bytes : int
+        0 or more. 0 turns the cache off and gives back what it holds.
+
+    Returns
+    -------
+    int
+        The previous limit.
+
+    Raises
+    ------
+    TypeError
+        ``max_bytes`` is not an int.
+    ValueError
+        ``max_bytes`` is negative or not below 2**64.
+    """
+    if isinstance(max_bytes, bool) or not isinstance(max_bytes, int):
+        raise TypeError(f"max_bytes: expected an int, got {type(max_bytes).__name__}")
+    if max_bytes < 0:
+        raise ValueError(f"max_bytes: expected an int of 0 or more (bytes), got {max_bytes}")
+    return int(_core.set_output_cache(max_bytes))
+
+
+def get_output_cache() -> OutputCache:
+    """The output cache's limit and what it holds now (see :func:`set_output_cache`)."""
+    return OutputCache(*_core.output_cache())
+
+
 def _usable_cpus() -> int:
     try:
         return max(1, len(os.sched_getaffinity(0)))
@@ -104,6 +161,13 @@ def _init_from_environment() -> None:
             _core.set_isa(isa)
         except ValueError as exc:
             warnings.warn(f"LAYERNORM_C_ISA ignored: {exc}", RuntimeWarning, stacklevel=3)
+    cache = os.environ.get("LAYERNORM_C_OUTPUT_CACHE", "").strip()
+    if cache:
+        try:
+            set_output_cache(int(cache))
+        except ValueError as exc:
+            warnings.warn(f"LAYERNORM_C_OUTPUT_CACHE ignored: {exc}", RuntimeWarning,
+                          stacklevel=3)
     threads = os.environ.get("LAYERNORM_C_NUM_THREADS", "").strip()
     n = _usable_cpus()
     if threads:

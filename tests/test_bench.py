@@ -95,10 +95,11 @@ def test_quick_run_writes_every_table_and_the_plot(bench, quick):
     assert len(data["cases"]) == per_op * len(bench.OPS)
     # Each case: one row in its op's ratio table and one in its medians
     # table; then the rows of the exact sums' table (in bench_table.inc too).
-    sums_rows = len(data["sums_cost"]["rows"])
-    assert len(_table_lines(md)) == 2 * len(data["cases"]) + sums_rows
+    # And the output cache's.
+    extra_rows = len(data["sums_cost"]["rows"]) + len(data["output_cache"]["rows"])
+    assert len(_table_lines(md)) == 2 * len(data["cases"]) + extra_rows
     for op, text in rst.items():
-        assert text.count("   * - (") == per_op + (sums_rows if op == "layer_norm" else 0)
+        assert text.count("   * - (") == per_op + (extra_rows if op == "layer_norm" else 0)
         for shape in bench.QUICK_SHAPES:
             assert bench.fmt_shape(shape) in text
         for dtype in dtypes:
@@ -120,6 +121,24 @@ def test_quick_run_writes_every_table_and_the_plot(bench, quick):
     assert data["latency"]["us"]["lnc"] > 0 and data["latency"]["us"]["lnc_ufunc"] > 0
     assert data["memory"]["rows"]["lnc"]["traced"] is not None
     _check_sums_cost(bench, data["sums_cost"], md, rst["layer_norm"])
+    _check_output_cache(bench, data["output_cache"], md, rst["layer_norm"], threads)
+
+
+def _check_output_cache(bench, cache, md, rst, threads):
+    """The output cache's table of a --quick run: a row per shape and thread
+    count in results.md, bench_table.inc and results.json, each call timed
+    with the cache on and off, and the setting put back afterwards."""
+    title = ("Output cache: allocating layer_norm (float32) with freed outputs reused and "
+             "with fresh pages")
+    assert f"## {title}" in md and f".. list-table:: {title}" in rst
+    assert [(r["shape"], r["threads"]) for r in cache["rows"]] == [
+        (list(shape), n) for shape in bench.QUICK_CACHE_SHAPES for n in threads]
+    for row in cache["rows"]:
+        assert md.count(f"| {bench.fmt_shape(row['shape'])} | {row['threads']} | ") == 1, row
+        for state in ("on", "off"):
+            assert all(row["seconds"][state][k] > 0 for k in ("copy", "out", "alloc")), row
+            assert math.isfinite(row["ratios"][f"{state}/copy"]), row
+    assert bench.lnc.get_output_cache().limit > 0  # the session's setting is back
 
 
 def _check_sums_cost(bench, sums_cost, md, rst):
@@ -204,13 +223,14 @@ def test_loading_openvino_sends_no_telemetry():
 def test_a_selection_runs_only_what_was_asked(bench, tmp_path):
     data = _run_quick(bench, tmp_path, "--ops", "layer_norm_backward", "--dtypes", "float64",
                       "--shapes", "5x48", "--peers", "numpy", "--threads", "1",
-                      "--no-memory", "--no-latency", "--no-sums-cost")
+                      "--no-memory", "--no-latency", "--no-sums-cost", "--no-output-cache")
     assert [(c["op"], c["shape"], c["dtype"], c["threads"]) for c in data["cases"]] == [
         ("layer_norm_backward", [5, 48], "float64", 1)]
     assert set(data["cases"][0]["seconds"]) == {"floor", "floor_alloc", "lnc", "numpy"}
     assert data["config"]["mode"] == "custom"
     assert "not measured in this run" in (tmp_path / "bench_rms_norm.inc").read_text("utf-8")
     assert data["memory"] is None and data["latency"] is None and data["sums_cost"] is None
+    assert data["output_cache"] is None
     assert "Exact parameter-gradient sums" not in (tmp_path / "results.md").read_text("utf-8")
 
 
@@ -397,6 +417,7 @@ def test_command_line_parsers(bench):
     assert full.sums_cost_shapes == {"layer_norm_backward": bench.SUMS_COST_SHAPES,
                                      "rms_norm_backward": bench.SUMS_COST_RMS_SHAPES}
     assert (1_000_000, 16) in bench.SUMS_COST_SHAPES and (4096, 768) in bench.SUMS_COST_SHAPES
+    assert full.cache_shapes == bench.CACHE_SHAPES and (16384, 4096) in full.cache_shapes
     assert "torch" not in bench.make_config(bench.parse_args(["--no-torch"])).peers
     assert bench.make_config(bench.parse_args(["--peers", "jax,numpy"])).peers == ["jax", "numpy"]
     for bad in (["--ops", "layer_nrm"], ["--dtypes", "int8"], ["--peers", "tensorflow"],

@@ -172,5 +172,5 @@ def test_core_exports_only_its_entry_points():
     for name in ("layernorm_c_get_num_threads", "layernorm_c_set_num_threads"):
         assert hasattr(lib, name), name
     for name in ("ln_batch_run", "ln_kernels_for", "ln_acc_merge", "ln_parallel_for",
-                 "ln_kernels_avx2"):
+                 "ln_kernels_avx2", "ln_cache_take"):
         assert not hasattr(lib, name), f"_core exports {name}"
