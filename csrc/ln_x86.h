@@ -1805,36 +1805,78 @@ static inline void ln_store8(void *p, __m256 v, int kind)
         _mm256_storeu_ps((float *)p, v);
 }
 
+/* Features one step of the group loop takes from each streamed record: at
+ * the AVX-512 level sixteen (two sets of sums in registers), a whole
+ * 64-byte line of float32 x and of dy, used up while it is in L1. Eight at
+ * a time, each line was read twice, fifteen other lines apart: with rows a
+ * multiple of 4 KiB apart (float32 d = 1024, 4096) the 16 lines of a step
+ * share one L1 set of 8 ways, and every load came from L2 (float32
+ * (16384, 4096), one thread: the deposits took 2.3x the time of the dx
+ * pass, against 1.2x at d = 4080). Sixteen: (16384, 4096) 0.75x the time,
+ * (1024, 4096) 0.89x, (4096, 1024) 0.83-0.86x, (4096, 768) level. Records
+ * in the caches (apply) keep eight: (64, 768) was 1.09x slower. */
+#if LN_VEC_BYTES == 64
+#define LN_GROUP_STEP 16
+#else
+#define LN_GROUP_STEP 8 /* AVX2's 16 registers hold one set of sums */
+#endif
+_Static_assert(LN_GROUP_STEP % 8 == 0 && 16 % LN_GROUP_STEP == 0,
+               "a step is whole sets of eight features, at most one ask for the next group");
+
+/* Features [i, i + 8 * nh) of the group's m records (nh sets of eight):
+ * their dx with apply, and their terms summed in registers, then added to
+ * the level sums; with ask, a line of each of the next group's records
+ * asked for (once per 16 features). */
+static inline __attribute__((always_inline)) void
+ln_back_group_step(const ln_group_rows *g, size_t m, size_t i, int nh, int ask,
+                   uint64_t *const *sw, uint64_t *const *sb, int levels, int apply, int kind)
+{
+    const size_t es = kind == LN_ROWS_F16 ? 2 : 4;
+    const int on_grid = kind == LN_ROWS_F16; /* ln_deposit_db's */
+    ln_terms8 s[LN_GROUP_STEP / 8];
+    __m256 wv[LN_GROUP_STEP / 8];
+    for (int h = 0; h < nh; h++) {
+        ln_terms8_zero(&s[h]);
+        wv[h] = apply ? _mm256_loadu_ps(g->w + i + 8 * h) : _mm256_setzero_ps();
+    }
+    for (size_t j = 0; j < m; j++) {
+        if (!apply && ask && j < g->an)
+            ln_ask_next(g, j, i, es);
+        __m256 rv = _mm256_set1_ps(g->r[j]);
+        for (int h = 0; h < nh; h++) {
+            size_t ih = i + 8 * (size_t)h;
+            const char *xr = (const char *)g->x[j] + ih * es;
+            const char *dr = (const char *)g->dy[j] + ih * es;
+            __m256 dv = ln_load8(dr, kind);
+            __m256 xh = _mm256_fmadd_ps(_mm256_sub_ps(ln_load8(xr, kind),
+                                                      _mm256_set1_ps(g->hi[j])),
+                                        rv, _mm256_set1_ps(g->c[j]));
+            if (apply) { /* fma(-xhat, bm, g - a) * r */
+                __m256 ga = _mm256_sub_ps(_mm256_mul_ps(dv, wv[h]), _mm256_set1_ps(g->a[j]));
+                ln_store8((char *)g->dx[j] + ih * es,
+                          _mm256_mul_ps(_mm256_fnmadd_ps(xh, _mm256_set1_ps(g->bm[j]), ga), rv),
+                          kind);
+            }
+            ln_terms8_add(&s[h], dv, xh, kind == LN_ROWS_F32 ? (const float *)dr : NULL,
+                          levels, on_grid);
+        }
+    }
+    for (int h = 0; h < nh; h++)
+        for (int l = LN_ACC_LEVELS - levels; l < LN_ACC_LEVELS; l++)
+            ln_terms8_put(&s[h], l, sw[l] + i + 8 * h, sb[l] + i + 8 * h, 1);
+}
+
 static inline __attribute__((always_inline)) void
 ln_back_group_nv(const ln_group_rows *g, size_t m, size_t i0, size_t i1, uint64_t *const *sw,
                  uint64_t *const *sb, int levels, int apply, int kind)
 {
-    const size_t es = kind == LN_ROWS_F16 ? 2 : 4;
     const int on_grid = kind == LN_ROWS_F16; /* ln_deposit_db's */
     size_t i = i0;
-    for (; i + 8 <= i1; i += 8) {
-        ln_terms8 s;
-        ln_terms8_zero(&s);
-        __m256 wv = apply ? _mm256_loadu_ps(g->w + i) : _mm256_setzero_ps();
-        for (size_t j = 0; j < m; j++) {
-            if (!apply && i % 16 == 0 && j < g->an)
-                ln_ask_next(g, j, i, es);
-            const char *xr = (const char *)g->x[j] + i * es, *dr = (const char *)g->dy[j] + i * es;
-            __m256 dv = ln_load8(dr, kind), rv = _mm256_set1_ps(g->r[j]);
-            __m256 xh = _mm256_fmadd_ps(_mm256_sub_ps(ln_load8(xr, kind), _mm256_set1_ps(g->hi[j])),
-                                        rv, _mm256_set1_ps(g->c[j]));
-            if (apply) { /* fma(-xhat, bm, g - a) * r */
-                __m256 ga = _mm256_sub_ps(_mm256_mul_ps(dv, wv), _mm256_set1_ps(g->a[j]));
-                ln_store8((char *)g->dx[j] + i * es,
-                          _mm256_mul_ps(_mm256_fnmadd_ps(xh, _mm256_set1_ps(g->bm[j]), ga), rv),
-                          kind);
-            }
-            ln_terms8_add(&s, dv, xh, kind == LN_ROWS_F32 ? (const float *)dr : NULL, levels,
-                          on_grid);
-        }
-        for (int l = LN_ACC_LEVELS - levels; l < LN_ACC_LEVELS; l++)
-            ln_terms8_put(&s, l, sw[l] + i, sb[l] + i, 1);
-    }
+    for (; !apply && i + LN_GROUP_STEP <= i1; i += LN_GROUP_STEP) /* streamed records */
+        ln_back_group_step(g, m, i, LN_GROUP_STEP / 8, i % 16 == 0 || LN_GROUP_STEP == 16, sw,
+                           sb, levels, apply, kind);
+    for (; i + 8 <= i1; i += 8)
+        ln_back_group_step(g, m, i, 1, i % 16 == 0, sw, sb, levels, apply, kind);
     for (; i < i1; i++) /* the last features, a term at a time */
         for (size_t j = 0; j < m; j++) {
             float dyv = ln_group_get(g->dy[j], i, kind);
