@@ -108,8 +108,8 @@ def set_output_cache(max_bytes: int) -> int:
     """Keep up to ``max_bytes`` of large freed outputs for the next calls.
 
     An output of 32 MiB or more that a call allocates (``layer_norm``,
-    ``rms_norm`` and their backward passes without ``out=``) comes from
-    fresh pages, which the operating system zeroes as they are first
+    ``rms_norm`` and their backward passes without ``out=``, on a C-ordered
+    array normalized over its last axis) comes from fresh pages, which the operating system zeroes as they are first
     written: for a float32 (16384, 4096) output that costs about as much as
     the normalization. When such an array is freed, layernorm_c keeps its
     memory (at most 4 blocks, ``max_bytes`` in all, the oldest given back
