@@ -1814,7 +1814,8 @@ static inline void ln_store8(void *p, __m256 v, int kind)
  * (16384, 4096), one thread: the deposits took 2.3x the time of the dx
  * pass, against 1.2x at d = 4080). Sixteen: (16384, 4096) 0.75x the time,
  * (1024, 4096) 0.89x, (4096, 1024) 0.83-0.86x, (4096, 768) level. Records
- * in the caches (apply) keep eight: (64, 768) was 1.09x slower. */
+ * in the caches (apply) keep eight, (64, 768) having been 1.09x slower
+ * with sixteen, unless their rows share L1 sets (ln_back_group_wide). */
 #if LN_VEC_BYTES == 64
 #define LN_GROUP_STEP 16
 #else
@@ -1906,10 +1907,11 @@ ln_back_group_nv(const ln_group_rows *g, size_t m, size_t i0, size_t i1, uint64_
 }
 
 /* Records in the caches whose rows share L1 sets (ln_rows_share_sets),
- * sixteen features a step: float32, one thread, (64, 1024) and
- * (256, 1024) 0.70-0.74x the time, (128, 4096) 0.61-0.66x, (512, 2048)
- * 0.81-0.84x. Out of line: with these copies among the others, records
- * that keep eight a step ((64, 768)) were 1.04-1.06x slower. */
+ * sixteen features a step: one thread, float32 (64, 1024) 0.86-0.88x the
+ * time, (256, 1024) 0.73-0.81x, (128, 4096) 0.66-0.69x, (512, 2048)
+ * 0.92-0.97x, float16 (64, 2048) 0.73x. Out of line: with these copies
+ * among the others, records that keep eight a step ((64, 768)) were
+ * 1.04-1.06x slower. */
 static LN_NOINLINE void ln_back_group_wide(const ln_group_rows *g, size_t m, size_t i0,
                                            size_t i1, uint64_t *const *sw, uint64_t *const *sb,
                                            int levels, int kind)
