@@ -395,6 +395,36 @@ def test_backward_with_gradients_streamed_same_bits(dtype, restore_settings):
                 assert_same_bits(a, b, f"{isa}, {threads} threads, rms {name}")
 
 
+@pytest.mark.parametrize("dtype,d,n", [(F32, 1024, 37), (F32, 4096, 19), (F16, 2048, 37),
+                                       (F32, 4096, (9 << 20) // (4096 * 4) + 3)], ids=str)
+def test_backward_rows_4kib_apart_same_bits(dtype, d, n, restore_settings):
+    """Rows a multiple of 4 KiB apart take the x86 levels' group loop
+    sixteen features a step (records in the caches and, with n giving 9
+    MiB, streamed ones), where other widths take eight: dx, dweight and
+    dbias (RMSNorm's dx and dweight) have the scalar ISA's bits, on every
+    ISA and thread count, also one record further on (other alignments)
+    and with terms of all three levels of the exact sums."""
+    rng = np.random.default_rng(36)
+    x = (rng.standard_normal((n + 1, d)) * 3 + 1).astype(dtype)
+    dy = rng.standard_normal((n + 1, d)).astype(dtype)
+    dy[::3] *= 3e3 if dtype == F32 else 100  # terms of 2^13 and more: the top level
+    w = rng.uniform(0.5, 2, d).astype(dtype)
+    cases = [(dy[:n], x[:n]), (dy[1:], x[1:])]
+    lnc.set_isa("scalar")
+    want = [(lnc.layer_norm_backward(g, a, w), lnc.rms_norm_backward(g, a, w))
+            for g, a in cases]
+    for isa in lnc.supported_isas():
+        lnc.set_isa(isa)
+        for threads in (1, 2):
+            lnc.set_num_threads(threads)
+            for (g, a), (ln, rms) in zip(cases, want):
+                for name, got, exp in zip(("dx", "dweight", "dbias"),
+                                          lnc.layer_norm_backward(g, a, w), ln):
+                    assert_same_bits(got, exp, f"{isa}, {threads} threads, {name}")
+                for name, got, exp in zip(("dx", "dweight"), lnc.rms_norm_backward(g, a, w), rms):
+                    assert_same_bits(got, exp, f"{isa}, {threads} threads, rms {name}")
+
+
 def test_isa_settings_round_trip(restore_settings):
     assert "scalar" in lnc.supported_isas()
     assert lnc.get_isa() in lnc.supported_isas()
