@@ -225,6 +225,12 @@ def test_the_environment_sets_the_limit(value, limit):
     assert got == (limit if limit is not None else _limit_in_a_child(None)[0])
 
 
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"),
+                    reason="needs Linux procfs (VmSize) and RLIMIT_AS")
+@pytest.mark.skipif("asan" in os.environ.get("LD_PRELOAD", "")
+                    or os.environ.get("LAYERNORM_C_SANITIZED") == "1",
+                    reason="ASan's allocator aborts at the address-space limit instead of "
+                           "returning NULL")
 def test_kept_blocks_are_given_back_when_memory_runs_out():
     """A new output that malloc cannot give makes the cache free what it
     keeps, and the allocation is tried again: the kept memory never turns
