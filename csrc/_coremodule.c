@@ -1535,8 +1535,8 @@ static PyObject *set_output_cache(PyObject *self, PyObject *arg)
 static PyObject *output_cache(PyObject *self, PyObject *noargs)
 {
     size_t blocks, held = ln_cache_held(&blocks);
-    return Py_BuildValue("nnn", (Py_ssize_t)ln_cache_limit(), (Py_ssize_t)held,
-                         (Py_ssize_t)blocks);
+    return Py_BuildValue("KKK", (unsigned long long)ln_cache_limit(), (unsigned long long)held,
+                         (unsigned long long)blocks);
 }
 
 static PyMethodDef core_methods[] = {

@@ -38,13 +38,14 @@ static ln_kept remove_slot(size_t i)
     return k;
 }
 
-/* Free the oldest blocks until `room` more bytes and one more block fit
- * (room <= limit); called with the lock held. The blocks are freed after
- * the lock is released: their pages may take a while to unmap. */
-static size_t make_room(size_t room, ln_kept *freed)
+/* Take out the oldest blocks until at most `max_held` bytes in at most
+ * `max_blocks` blocks are kept; called with the lock held. The caller
+ * frees them once the lock is released: their pages may take a while to
+ * unmap. */
+static size_t evict(size_t max_held, size_t max_blocks, ln_kept *freed)
 {
     size_t n = 0;
-    while (n_kept > 0 && (n_kept == LN_CACHE_SLOTS || held + room > limit))
+    while (n_kept > max_blocks || held > max_held)
         freed[n++] = remove_slot(0);
     return n;
 }
@@ -75,8 +76,8 @@ void ln_cache_give(void *block, size_t bytes)
     size_t n = 0;
     int keep = 0;
     cache_lock();
-    if (bytes >= LN_CACHE_MIN_BYTES && bytes <= limit) {
-        n = make_room(bytes, freed);
+    if (bytes >= LN_CACHE_MIN_BYTES && bytes <= limit) { /* room for one more block */
+        n = evict(limit - bytes, LN_CACHE_SLOTS - 1, freed);
         kept[n_kept++] = (ln_kept){.block = block, .bytes = bytes};
         held += bytes;
         keep = 1;
@@ -87,23 +88,13 @@ void ln_cache_give(void *block, size_t bytes)
         free(block);
 }
 
-/* Take out the oldest blocks until at most `bytes` are kept; called with
- * the lock held (the caller frees them once it is released). */
-static size_t shrink_to(size_t bytes, ln_kept *freed)
-{
-    size_t n = 0;
-    while (held > bytes)
-        freed[n++] = remove_slot(0);
-    return n;
-}
-
 size_t ln_cache_set_limit(size_t bytes)
 {
     ln_kept freed[LN_CACHE_SLOTS];
     cache_lock();
     size_t previous = limit;
     limit = bytes;
-    size_t n = shrink_to(limit, freed);
+    size_t n = evict(limit, LN_CACHE_SLOTS, freed);
     cache_unlock();
     free_all(freed, n);
     return previous;
@@ -113,7 +104,7 @@ void ln_cache_release(void)
 {
     ln_kept freed[LN_CACHE_SLOTS];
     cache_lock();
-    size_t n = shrink_to(0, freed);
+    size_t n = evict(0, 0, freed);
     cache_unlock();
     free_all(freed, n);
 }

@@ -189,6 +189,14 @@ def test_threads_freeing_and_taking_blocks_get_their_own_results(cache):
     assert info.blocks <= 4 and info.held <= info.limit
 
 
+def test_the_largest_limit_reads_back_as_set():
+    before = lnc.set_output_cache(2**64 - 1)
+    try:
+        assert lnc.get_output_cache().limit == 2**64 - 1
+    finally:
+        lnc.set_output_cache(before)
+
+
 @pytest.mark.parametrize("bad,exc", [(-1, ValueError), (2**64, ValueError),
                                      (1.5, TypeError), (True, TypeError), ("1", TypeError)])
 def test_set_output_cache_rejects_bad_limits(bad, exc):
