@@ -66,7 +66,8 @@ from benchlib.impls import (DTYPES, LABELS, OPS, PEERS, Impl, Inputs, NotAvailab
                             make_inputs, reference)
 from benchlib.report import (CaseResult, fmt_ratio, fmt_shape, fmt_time,  # noqa: E402
                              plot, ratio, write_json, write_markdown, write_rst)
-from benchlib.timing import loadavg, measure, pin, time_loops, usable_cpus  # noqa: E402
+from benchlib.timing import (loadavg, measure, pin, steady_malloc, time_loops,  # noqa: E402
+                             usable_cpus)
 
 FULL_SHAPES: Tuple[Tuple[int, int], ...] = (
     (1, 768), (8, 768), (64, 768), (4096, 768), (4096, 1024), (16384, 4096),
@@ -110,6 +111,7 @@ class Config:
     max_call: float  # seconds: slower implementations (with a probe) are not timed
     quick: bool
     mode: str  # "quick", "full" (the defaults) or "custom"
+    malloc: Optional[str] = None  # what steady_malloc() set (the command line sets it)
 
 
 # ---------------------------------------------------------------- cases
@@ -529,6 +531,7 @@ def machine_info(cfg: Config, peers: Peers) -> dict:
         "supported_isas": list(lnc.supported_isas()),
         "thread_threshold": lnc.thread_threshold(),
         "loadavg_start": loadavg(),
+        "malloc": cfg.malloc,
     }
 
 
@@ -711,6 +714,7 @@ def main(argv=None) -> int:
         print(json.dumps(rss_child(spec["impl"], tuple(spec["shape"]))))
         return 0
     cfg, paths = make_config(args), output_paths(args)
+    cfg.malloc = steady_malloc()  # before the peers start their threads
     out = run(cfg, paths, with_memory=not args.no_memory, with_latency=not args.no_latency,
               with_sums_cost=not args.no_sums_cost, with_output_cache=not args.no_output_cache)
     print()

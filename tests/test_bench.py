@@ -9,7 +9,9 @@ import importlib.util
 import json
 import math
 import os
+import platform
 import shutil
+import subprocess
 import sys
 import threading
 import time
@@ -373,8 +375,22 @@ def test_timing_helpers_count_calls(bench):
     medians = bench.measure({"a": count("a"), "b": count("b"), "slow": count("slow", 0.02)},
                             repeats=5, min_time=1e-3, slow=0.01, slow_repeats=2)
     assert set(medians) == {"a", "b", "slow"} and all(t > 0 for t in medians.values())
-    # One call per measurement for the slow one: 1 calibration + 1 more.
-    assert counts["slow"] == 2 and counts["a"] > 5 and medians["slow"] >= 0.02
+    # One call per measurement for the slow one: 1 calibration + 1 more,
+    # after its untimed call.
+    assert counts["slow"] == 3 and counts["a"] > 5 and medians["slow"] >= 0.02
+
+
+def test_steady_malloc_fixes_glibc_heap(bench):
+    # In a child: the settings stay with the process that makes them.
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); "
+            "from benchlib.timing import steady_malloc; print(steady_malloc())")
+    out = subprocess.run([sys.executable, "-c", code, str(BENCH_PATH.parent)], capture_output=True,
+                         text=True, check=True).stdout.strip()
+    if platform.system() == "Linux" and platform.libc_ver()[0] == "glibc":
+        assert out == ("glibc malloc fixed: 1 arena, mmap threshold 32 MiB, "
+                       "trim threshold 1024 MiB")
+    else:
+        assert out == "None"
 
 
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity here")

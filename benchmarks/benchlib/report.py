@@ -158,7 +158,8 @@ def info_lines(info: dict, cfg) -> List[str]:
                      "`python benchmarks/bench.py` for the figures.**")
     lines += [
         f"Date (UTC): {info['date']}; mode: {cfg.mode}, medians of {cfg.repeats} "
-        f"interleaved measurements, each >= {cfg.min_time * 1e3:g} ms",
+        f"interleaved measurements, each >= {cfg.min_time * 1e3:g} ms after an untimed call; "
+        + (info.get("malloc") or "the C heap as the process left it"),
         f"CPU: {info['cpu']}; {info['usable_cpus']} usable of {info['logical_cpus']} logical "
         f"CPUs; pinned to CPU {info['pinned'][0]} (1 thread)"
         + (f", CPUs {info['pinned'][1]} (2 threads)" if len(info['pinned']) > 1 else "")
