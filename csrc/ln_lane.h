@@ -405,10 +405,16 @@ LN_ALWAYS_INLINE int LN_FN(group_direct)(size_t d, int narrow)
 /* Is the group done by the level's own loops? Records of more than half
  * a lane row, and (narrow) those of d = 8 and 16 it reads in place: float32
  * (4096, 16) in cache 0.78x the time of the transposed form, (4096, 8)
- * 0.94x. Others of half a lane row or less keep the transposed form. */
-LN_ALWAYS_INLINE int LN_FN(group_in_rows)(size_t d, int narrow)
+ * 0.94x. float16 and bfloat16 LayerNorm records of any width too, from
+ * the group's converted rows: out=, one thread, float16 (1e6, 16)
+ * 0.74-0.75x, (1e6, 8) 0.72-0.77x, (1e6, 4) 0.81-0.82x, (4096, 16)
+ * 0.75x, bfloat16 (1e6, 16) 0.76x. Not their RMSNorm records: (1e6, 8)
+ * took 1.32x as long, (1e6, 4) 1.45x. Others of half a lane row or less
+ * keep the transposed form. The same bits either way (the lane order). */
+LN_ALWAYS_INLINE int LN_FN(group_in_rows)(size_t d, int narrow, int rms)
 {
-    return d > LN_LANES / 2 || LN_FN(group_direct)(d, narrow);
+    return d > LN_LANES / 2 || LN_FN(group_direct)(d, narrow) ||
+           (sizeof(LN_S) < sizeof(float) && !rms);
 }
 
 LN_ALWAYS_INLINE void LN_FN(group_stats_rows)(LN_FN(short_group) *g, const char *x,
@@ -434,7 +440,7 @@ LN_ALWAYS_INLINE void LN_FN(group_stats)(LN_FN(short_group) *g, const char *x,
                                          const double *eps, int rms, int narrow)
 {
 #if defined(LN_SHORT_STATS_ROWS)
-    if (LN_FN(group_in_rows)(d, narrow)) {
+    if (LN_FN(group_in_rows)(d, narrow, rms)) {
         LN_FN(group_stats_rows)(g, x, x_row, n, d, eps, rms, narrow);
         return;
     }
@@ -569,10 +575,10 @@ LN_ALWAYS_INLINE void LN_FN(group_output)(LN_FN(short_group) *g, const char *x,
                                           ptrdiff_t x_row, char *y, ptrdiff_t y_row,
                                           size_t n, size_t d, const LN_P *restrict wp,
                                           const LN_P *restrict bp, const int *keep,
-                                          int stream, int narrow)
+                                          int stream, int narrow, int rms)
 {
 #if defined(LN_SHORT_STATS_ROWS)
-    if (LN_FN(group_in_rows)(d, narrow)) {
+    if (LN_FN(group_in_rows)(d, narrow, rms)) {
         LN_FN(group_output_rows)(g, x, x_row, y, y_row, n, d, wp, bp, keep, stream, narrow);
         return;
     }

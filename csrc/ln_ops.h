@@ -422,7 +422,7 @@ LN_ALWAYS_INLINE int LN_OPS(norm_short_rows_in)(const ln_rows *r, int rms, int n
             if (LN_OPS(short_ahead)(r, k0))
                 LN_OPS(prefetch_next_group)(r, k0);
             LN_CORE(group_output)(&g, x, r->x_row, y, r->y_row, n, dk ? dk : r->d, w, b, keep,
-                                  r->stream, narrow);
+                                  r->stream, narrow, rms);
         }
         for (size_t k = 0; k < n && !all; k++) {
             if (keep[k])
