@@ -1253,6 +1253,15 @@ ln_short_means_nv(const char *src, ptrdiff_t src_row, size_t n, size_t count, si
 #undef LN_MASKED
 }
 
+/* x - hi - lo, the value a record's second pass squares; for RMSNorm,
+ * whose hi and lo are +0, x itself: the same value (x - 0 is x for
+ * every x, -0 and NaN included), without the two subtractions (float32
+ * RMSNorm (1e6, 16) had taken 1.16x LayerNorm's time, (4096, 16) 1.11x). */
+static inline __m256 ln_short_centered(__m256 x, __m256 hi, __m256 lo, int rms)
+{
+    return rms ? x : _mm256_sub_ps(_mm256_sub_ps(x, hi), lo);
+}
+
 /* The statistics of n records (float rows src_row bytes apart, nv
  * registers of them read: 1, 2 or 4 for a quarter, half or one lane row,
  * 8 for two, the first four summed into the lanes and the others added
@@ -1290,13 +1299,11 @@ ln_short_stats_nv(const char *src, ptrdiff_t src_row, size_t n, size_t d, int rm
         for (int i = 0; i < 4; i++) { /* the squares of (x - hi) - lo */
             __m256 a[4], h = _mm256_set1_ps(hi[k + i]), l = _mm256_set1_ps(lo[k + i]);
             for (int q = 0; q < na; q++) {
-                __m256 c = LN_MASKED(
-                    q, _mm256_sub_ps(_mm256_sub_ps(_mm256_loadu_ps(p[i] + 8 * q), h), l));
+                __m256 c = LN_MASKED(q, ln_short_centered(_mm256_loadu_ps(p[i] + 8 * q), h, l, rms));
                 a[q] = _mm256_fmadd_ps(c, c, zero);
             }
             for (int q = 4; q < nv; q++) {
-                __m256 c = LN_MASKED(
-                    q, _mm256_sub_ps(_mm256_sub_ps(_mm256_loadu_ps(p[i] + 8 * q), h), l));
+                __m256 c = LN_MASKED(q, ln_short_centered(_mm256_loadu_ps(p[i] + 8 * q), h, l, rms));
                 a[q - 4] = _mm256_fmadd_ps(c, c, a[q - 4]);
             }
             r[i] = ln_tree_to4(a, na);
