@@ -376,6 +376,20 @@ LN_ALWAYS_INLINE void LN_FN(group_stats_w)(LN_FN(short_group) *g, const char *x,
     LN_FN(group_rstd)(g, LN_SHORT_GROUP, n, eps);
 }
 
+/* Does the level read records of a quarter or half a lane row in place
+ * (float32 ones, and float16 and bfloat16 ones it converts in registers:
+ * ln_x86.h's ln_short_stats_narrow16)? */
+LN_ALWAYS_INLINE int LN_FN(narrow_in_place)(void)
+{
+#if defined(LN_SHORT_NARROW_KIND)
+    return 1;
+#elif defined(LN_SHORT_STATS_ROWS)
+    return sizeof(LN_S) == sizeof(float);
+#else
+    return 0;
+#endif
+}
+
 #if defined(LN_SHORT_STATS_ROWS)
 /* The level's own short groups (LN_SHORT_STATS_ROWS and
  * LN_SHORT_OUTPUT_ROWS, ln_x86.h; float compute) for records of more than
@@ -397,9 +411,8 @@ _Static_assert(LN_SHORT_GROUP % 4 == 0, "the level's statistics fill four record
  * stays as it was), of a quarter or half a lane row too. */
 LN_ALWAYS_INLINE int LN_FN(group_direct)(size_t d, int narrow)
 {
-    return sizeof(LN_S) == sizeof(float) &&
-           (d == LN_LANES || d == 2 * LN_LANES ||
-            (narrow && (d == LN_LANES / 4 || d == LN_LANES / 2)));
+    return (sizeof(LN_S) == sizeof(float) && (d == LN_LANES || d == 2 * LN_LANES)) ||
+           (LN_FN(narrow_in_place)() && narrow && (d == LN_LANES / 4 || d == LN_LANES / 2));
 }
 
 /* Is the group done by the level's own loops? Records of more than half
@@ -409,8 +422,11 @@ LN_ALWAYS_INLINE int LN_FN(group_direct)(size_t d, int narrow)
  * the group's converted rows: out=, one thread, float16 (1e6, 16)
  * 0.74-0.75x, (1e6, 8) 0.72-0.77x, (1e6, 4) 0.81-0.82x, (4096, 16)
  * 0.75x, bfloat16 (1e6, 16) 0.76x. Not their RMSNorm records: (1e6, 8)
- * took 1.32x as long, (1e6, 4) 1.45x. Others of half a lane row or less
- * keep the transposed form. The same bits either way (the lane order). */
+ * took 1.32x as long, (1e6, 4) 1.45x. (Their d = 8 and 16, LayerNorm's
+ * and RMSNorm's, are read in place with narrow: float16 (1e6, 16) a
+ * further 0.85x, bfloat16 0.97-0.99x, (1e6, 8) 0.91x.) Others of half a
+ * lane row or less keep the transposed form. The same bits either way
+ * (the lane order). */
 LN_ALWAYS_INLINE int LN_FN(group_in_rows)(size_t d, int narrow, int rms)
 {
     return d > LN_LANES / 2 || LN_FN(group_direct)(d, narrow) ||
@@ -428,7 +444,13 @@ LN_ALWAYS_INLINE void LN_FN(group_stats_rows)(LN_FN(short_group) *g, const char 
         src = (const char *)g->rows;
         src_row = (ptrdiff_t)sizeof g->rows[0];
     }
-    LN_SHORT_STATS_ROWS(src, src_row, n, d, rms, g->mean, g->var, g->hi, g->lo);
+#if defined(LN_SHORT_NARROW_KIND)
+    if (sizeof(LN_S) < sizeof(float) && LN_FN(group_direct)(d, narrow)) /* read in place */
+        ln_short_stats_narrow16(src, src_row, n, d, rms, g->mean, g->var, g->hi, g->lo,
+                                LN_SHORT_NARROW_KIND);
+    else
+#endif
+        LN_SHORT_STATS_ROWS(src, src_row, n, d, rms, g->mean, g->var, g->hi, g->lo);
     LN_FN(group_rstd)(g, n, n, eps);
 }
 #endif
@@ -560,12 +582,18 @@ LN_ALWAYS_INLINE void LN_FN(group_output_rows)(LN_FN(short_group) *g, const char
     /* Straight into y, unless streamed; narrow records (of at most 64
      * bytes) never are (group_put): through the group's rows, float32
      * (1e6, 16) out= took 1.08x as long, (1e6, 8) 1.14x. */
-    if (direct && (!stream || narrow) && LN_FN(group_all_kept)(keep, n)) {
-        LN_SHORT_OUTPUT_ROWS(src, src_row, y, y_row, n, d, g->hi, r, c, wp, bp);
+    int into_y = direct && (!stream || narrow) && LN_FN(group_all_kept)(keep, n);
+    char *dst = into_y ? y : (char *)g->rows;
+    ptrdiff_t dst_row = into_y ? y_row : (ptrdiff_t)sizeof g->rows[0];
+#if defined(LN_SHORT_NARROW_KIND)
+    if (sizeof(LN_S) < sizeof(float) && direct) /* 16-bit rows read in place */
+        ln_short_output_narrow16(src, src_row, dst, dst_row, n, d, g->hi, r, c, wp, bp,
+                                 LN_SHORT_NARROW_KIND, !into_y);
+    else
+#endif
+        LN_SHORT_OUTPUT_ROWS(src, src_row, dst, dst_row, n, d, g->hi, r, c, wp, bp);
+    if (into_y)
         return;
-    }
-    LN_SHORT_OUTPUT_ROWS(src, src_row, (char *)g->rows, (ptrdiff_t)sizeof g->rows[0], n, d, g->hi,
-                         r, c, wp, bp);
     LN_FN(group_put)(g->rows, y, y_row, n, d, keep, stream,
                      d > LN_LANES ? 2 * LN_LANES : LN_FN(group_width)(d));
 }

@@ -439,7 +439,8 @@ LN_ALWAYS_INLINE int LN_OPS(norm_short_rows_in)(const ln_rows *r, int rms, int n
 }
 
 /* float32 d = 8 and 16, which a level with its own short loops reads in
- * place (narrow: ln_lane.h's group_direct), in a function of their own
+ * place (narrow: ln_lane.h's group_direct; float16 and bfloat16 too,
+ * converted in registers), in a function of their own
  * (the others keep the transposed form: in a copy of d = 16 of it, the
  * portable level's outputs differed from the scalar level's in some
  * records of a group, not investigated further), so that the
@@ -459,7 +460,7 @@ static LN_NOINLINE int LN_OPS(norm_short_rows_narrow)(const ln_rows *r, int rms)
 static int LN_OPS(norm_short_rows)(const ln_rows *r, int rms)
 {
 #if defined(LN_SHORT_STATS_AVX)
-    if (sizeof(LN_S) == sizeof(float) && sizeof(LN_CT) == sizeof(float) &&
+    if (LN_CORE(narrow_in_place)() && sizeof(LN_CT) == sizeof(float) &&
         (r->d == LN_LANES / 2 || r->d == LN_LANES / 4))
         return LN_OPS(norm_short_rows_narrow)(r, rms);
 #endif

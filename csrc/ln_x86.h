@@ -547,6 +547,41 @@ static inline __m256 ln_load8_first(const void *p, size_t n, int kind)
     return ln_load8(buf, kind);
 }
 
+/* Eight floats stored as a row of `kind` (rounded to nearest even). */
+static inline void ln_store8(void *p, __m256 v, int kind)
+{
+    if (kind == LN_ROWS_F16) {
+        _mm_storeu_si128((__m128i *)p, _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+    } else if (kind == LN_ROWS_BF16) {
+#if LN_VEC_BYTES == 64
+        __m512 z = _mm512_zextps256_ps512(v); /* (ln_store_row_bf16's choice) */
+        __m512i h = ln_cpu_bf16_convert && !ln_subnormal_lanes(z)
+                        ? ln_bf16_pair_of(z, _mm512_setzero_ps())
+                        : _mm512_castsi256_si512(ln_bf16_of(z));
+        _mm_storeu_si128((__m128i *)p, _mm512_castsi512_si128(h));
+#else
+        _mm_storeu_si128((__m128i *)p, ln_bf16_of8(v));
+#endif
+    } else {
+        _mm256_storeu_ps((float *)p, v);
+    }
+}
+
+/* Element 0 of a row of `kind` as a float. */
+static inline float ln_elem0(const void *p, int kind)
+{
+    if (kind == LN_ROWS_F32)
+        return *(const float *)p;
+    uint16_t h;
+    memcpy(&h, p, sizeof h);
+    if (kind == LN_ROWS_F16)
+        return _cvtsh_ss(h);
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
 /* Eight lanes' block sums (of t, t^2, g and g t) and the running maxima
  * of |dy| and |t|. */
 typedef struct {
@@ -1214,15 +1249,24 @@ static inline void ln_rows4(const float *p[4], const char *src, ptrdiff_t src_ro
         p[i] = (const float *)(src + (ptrdiff_t)(k + i < n ? k + i : n - 1) * src_row);
 }
 
+/* ... as rows of any kind. */
+static inline void ln_rows4_of(const char *p[4], const char *src, ptrdiff_t src_row, size_t n,
+                               size_t k)
+{
+    for (size_t i = 0; i < 4; i++)
+        p[i] = src + (ptrdiff_t)(k + i < n ? k + i : n - 1) * src_row;
+}
+
 /* The means of the first `count` (a multiple of four) of n records
- * (float rows src_row bytes apart, nv registers of them read, lanes past
- * d masked unless full: see ln_short_stats_nv), four records at a time
- * (past n, the last again): the shifted first pass (ln_contract.h, item
- * 4) and each mean's split hi + lo. */
+ * (rows of `kind` src_row bytes apart, nv registers of them read, lanes
+ * past d masked unless full: see ln_short_stats_nv), four records at a
+ * time (past n, the last again): the shifted first pass (ln_contract.h,
+ * item 4) and each mean's split hi + lo. */
 static inline __attribute__((always_inline)) void
 ln_short_means_nv(const char *src, ptrdiff_t src_row, size_t n, size_t count, size_t d,
-                  double *mean, float *hi, float *lo, int nv, int full)
+                  double *mean, float *hi, float *lo, int nv, int full, int kind)
 {
+    const size_t es = kind == LN_ROWS_F32 ? 4 : 2;
     const __m256d dd = _mm256_set1_pd((double)d);
     const __m256 zero = _mm256_setzero_ps();
     const int na = nv < 4 ? nv : 4; /* the registers of lanes */
@@ -1230,20 +1274,21 @@ ln_short_means_nv(const char *src, ptrdiff_t src_row, size_t n, size_t count, si
     ln_lane_masks(m, d, nv);
 #define LN_MASKED(q, v) (full ? (v) : _mm256_and_ps(m[q], (v)))
     for (size_t k = 0; k < count; k += 4) {
-        const float *p[4];
+        const char *p[4];
         __m256d r[4];
-        ln_rows4(p, src, src_row, n, k);
+        ln_rows4_of(p, src, src_row, n, k);
         for (int i = 0; i < 4; i++) { /* the sum of x - x[0] */
-            __m256 a[4], x0 = _mm256_set1_ps(p[i][0]);
+            __m256 a[4], x0 = _mm256_set1_ps(ln_elem0(p[i], kind));
             for (int q = 0; q < na; q++)
                 a[q] = _mm256_add_ps(
-                    zero, LN_MASKED(q, _mm256_sub_ps(_mm256_loadu_ps(p[i] + 8 * q), x0)));
+                    zero, LN_MASKED(q, _mm256_sub_ps(ln_load8(p[i] + 8 * q * es, kind), x0)));
             for (int q = 4; q < nv; q++)
                 a[q - 4] = _mm256_add_ps(
-                    a[q - 4], LN_MASKED(q, _mm256_sub_ps(_mm256_loadu_ps(p[i] + 8 * q), x0)));
+                    a[q - 4], LN_MASKED(q, _mm256_sub_ps(ln_load8(p[i] + 8 * q * es, kind), x0)));
             r[i] = ln_tree_to4(a, na);
         }
-        __m256d x0 = _mm256_cvtps_pd(_mm_setr_ps(p[0][0], p[1][0], p[2][0], p[3][0]));
+        __m256d x0 = _mm256_cvtps_pd(_mm_setr_ps(ln_elem0(p[0], kind), ln_elem0(p[1], kind),
+                                                 ln_elem0(p[2], kind), ln_elem0(p[3], kind)));
         __m256d mu = _mm256_add_pd(x0, _mm256_div_pd(ln_tree_last4(r), dd));
         __m128 h = _mm256_cvtpd_ps(mu);
         _mm256_storeu_pd(mean + k, mu);
@@ -1275,8 +1320,9 @@ static inline __m256 ln_short_centered(__m256 x, __m256 hi, __m256 lo, int rms)
  * (4096, 32..64) in cache 0.91-0.97x the time). */
 static inline __attribute__((always_inline)) void
 ln_short_stats_nv(const char *src, ptrdiff_t src_row, size_t n, size_t d, int rms,
-                  double *mean, double *var, float *hi, float *lo, int nv, int full)
+                  double *mean, double *var, float *hi, float *lo, int nv, int full, int kind)
 {
+    const size_t es = kind == LN_ROWS_F32 ? 4 : 2;
     const __m256d dd = _mm256_set1_pd((double)d);
     const __m256 zero = _mm256_setzero_ps();
     const int na = nv < 4 ? nv : 4; /* the registers of lanes */
@@ -1290,20 +1336,22 @@ ln_short_stats_nv(const char *src, ptrdiff_t src_row, size_t n, size_t d, int rm
             _mm_storeu_ps(lo + k, _mm_setzero_ps());
         }
     } else {
-        ln_short_means_nv(src, src_row, n, n, d, mean, hi, lo, nv, full);
+        ln_short_means_nv(src, src_row, n, n, d, mean, hi, lo, nv, full, kind);
     }
     for (size_t k = 0; k < n; k += 4) {
-        const float *p[4];
+        const char *p[4];
         __m256d r[4];
-        ln_rows4(p, src, src_row, n, k);
+        ln_rows4_of(p, src, src_row, n, k);
         for (int i = 0; i < 4; i++) { /* the squares of (x - hi) - lo */
             __m256 a[4], h = _mm256_set1_ps(hi[k + i]), l = _mm256_set1_ps(lo[k + i]);
             for (int q = 0; q < na; q++) {
-                __m256 c = LN_MASKED(q, ln_short_centered(_mm256_loadu_ps(p[i] + 8 * q), h, l, rms));
+                __m256 c = LN_MASKED(q, ln_short_centered(ln_load8(p[i] + 8 * q * es, kind), h,
+                                                          l, rms));
                 a[q] = _mm256_fmadd_ps(c, c, zero);
             }
             for (int q = 4; q < nv; q++) {
-                __m256 c = LN_MASKED(q, ln_short_centered(_mm256_loadu_ps(p[i] + 8 * q), h, l, rms));
+                __m256 c = LN_MASKED(q, ln_short_centered(ln_load8(p[i] + 8 * q * es, kind), h,
+                                                          l, rms));
                 a[q - 4] = _mm256_fmadd_ps(c, c, a[q - 4]);
             }
             r[i] = ln_tree_to4(a, na);
@@ -1319,21 +1367,22 @@ ln_short_stats_nv(const char *src, ptrdiff_t src_row, size_t n, size_t d, int rm
 static inline __attribute__((always_inline)) void
 ln_short_output_nv(const char *src, ptrdiff_t src_row, char *dst, ptrdiff_t dst_row, size_t n,
                    const float *hi, const float *r, const float *c, const float *w,
-                   const float *b, int nv)
+                   const float *b, int nv, int skind, int dkind)
 {
+    const size_t es = skind == LN_ROWS_F32 ? 4 : 2, eo = dkind == LN_ROWS_F32 ? 4 : 2;
     for (size_t k = 0; k < n; k++) {
-        const float *p = (const float *)(src + (ptrdiff_t)k * src_row);
-        float *o = (float *)(dst + (ptrdiff_t)k * dst_row);
+        const char *p = src + (ptrdiff_t)k * src_row;
+        char *o = dst + (ptrdiff_t)k * dst_row;
         __m256 h = _mm256_set1_ps(hi[k]), rv = _mm256_set1_ps(r[k]), cv = _mm256_set1_ps(c[k]);
         for (int q = 0; q < nv; q++) {
-            __m256 v = _mm256_fmadd_ps(_mm256_sub_ps(_mm256_loadu_ps(p + 8 * q), h), rv, cv);
+            __m256 v = _mm256_fmadd_ps(_mm256_sub_ps(ln_load8(p + 8 * q * es, skind), h), rv, cv);
             if (w && b)
                 v = _mm256_fmadd_ps(v, _mm256_loadu_ps(w + 8 * q), _mm256_loadu_ps(b + 8 * q));
             else if (w)
                 v = _mm256_mul_ps(v, _mm256_loadu_ps(w + 8 * q));
             else if (b)
                 v = _mm256_add_ps(v, _mm256_loadu_ps(b + 8 * q));
-            _mm256_storeu_ps(o + 8 * q, v);
+            ln_store8(o + 8 * q * eo, v, dkind);
         }
     }
 }
@@ -1345,13 +1394,13 @@ static void ln_short_stats_half(const char *src, ptrdiff_t src_row, size_t n, si
                                 double *mean, double *var, float *hi, float *lo)
 {
     if (d == LN_LANES / 2)
-        ln_short_stats_nv(src, src_row, n, d, rms, mean, var, hi, lo, 2, 1);
+        ln_short_stats_nv(src, src_row, n, d, rms, mean, var, hi, lo, 2, 1, LN_ROWS_F32);
     else if (d > LN_LANES / 4)
-        ln_short_stats_nv(src, src_row, n, d, rms, mean, var, hi, lo, 2, 0);
+        ln_short_stats_nv(src, src_row, n, d, rms, mean, var, hi, lo, 2, 0, LN_ROWS_F32);
     else if (d == LN_LANES / 4)
-        ln_short_stats_nv(src, src_row, n, d, rms, mean, var, hi, lo, 1, 1);
+        ln_short_stats_nv(src, src_row, n, d, rms, mean, var, hi, lo, 1, 1, LN_ROWS_F32);
     else
-        ln_short_stats_nv(src, src_row, n, d, rms, mean, var, hi, lo, 1, 0);
+        ln_short_stats_nv(src, src_row, n, d, rms, mean, var, hi, lo, 1, 0, LN_ROWS_F32);
 }
 
 static void ln_short_stats_avx2(const char *src, ptrdiff_t src_row, size_t n, size_t d, int rms,
@@ -1360,13 +1409,13 @@ static void ln_short_stats_avx2(const char *src, ptrdiff_t src_row, size_t n, si
     if (d <= LN_LANES / 2)
         ln_short_stats_half(src, src_row, n, d, rms, mean, var, hi, lo);
     else if (d == LN_LANES) /* whole lane rows: no lane past d */
-        ln_short_stats_nv(src, src_row, n, d, rms, mean, var, hi, lo, 4, 1);
+        ln_short_stats_nv(src, src_row, n, d, rms, mean, var, hi, lo, 4, 1, LN_ROWS_F32);
     else if (d == 2 * LN_LANES)
-        ln_short_stats_nv(src, src_row, n, d, rms, mean, var, hi, lo, 8, 1);
+        ln_short_stats_nv(src, src_row, n, d, rms, mean, var, hi, lo, 8, 1, LN_ROWS_F32);
     else if (d > LN_LANES)
-        ln_short_stats_nv(src, src_row, n, d, rms, mean, var, hi, lo, 8, 0);
+        ln_short_stats_nv(src, src_row, n, d, rms, mean, var, hi, lo, 8, 0, LN_ROWS_F32);
     else
-        ln_short_stats_nv(src, src_row, n, d, rms, mean, var, hi, lo, 4, 0);
+        ln_short_stats_nv(src, src_row, n, d, rms, mean, var, hi, lo, 4, 0, LN_ROWS_F32);
 }
 
 /* One affine case of the outputs (w, b constant or NULL where inlined)
@@ -1376,31 +1425,34 @@ static void ln_short_stats_avx2(const char *src, ptrdiff_t src_row, size_t n, si
 static inline __attribute__((always_inline)) void
 ln_short_output_wb(const char *src, ptrdiff_t src_row, char *dst, ptrdiff_t dst_row, size_t n,
                    size_t d, const float *hi, const float *r, const float *c, const float *w,
-                   const float *b, int half)
+                   const float *b, int half, int skind, int dkind)
 {
     if (half)
         ln_short_output_nv(src, src_row, dst, dst_row, n, hi, r, c, w, b,
-                           d > LN_LANES / 4 ? 2 : 1);
+                           d > LN_LANES / 4 ? 2 : 1, skind, dkind);
     else if (d > LN_LANES)
-        ln_short_output_nv(src, src_row, dst, dst_row, n, hi, r, c, w, b, 8);
+        ln_short_output_nv(src, src_row, dst, dst_row, n, hi, r, c, w, b, 8, skind, dkind);
     else
-        ln_short_output_nv(src, src_row, dst, dst_row, n, hi, r, c, w, b, 4);
+        ln_short_output_nv(src, src_row, dst, dst_row, n, hi, r, c, w, b, 4, skind, dkind);
 }
 
 /* The affine cases, each a loop of its own. */
 static inline __attribute__((always_inline)) void
 ln_short_output_affine(const char *src, ptrdiff_t src_row, char *dst, ptrdiff_t dst_row,
                        size_t n, size_t d, const float *hi, const float *r, const float *c,
-                       const float *w, const float *b, int half)
+                       const float *w, const float *b, int half, int skind, int dkind)
 {
     if (w && b)
-        ln_short_output_wb(src, src_row, dst, dst_row, n, d, hi, r, c, w, b, half);
+        ln_short_output_wb(src, src_row, dst, dst_row, n, d, hi, r, c, w, b, half, skind, dkind);
     else if (w)
-        ln_short_output_wb(src, src_row, dst, dst_row, n, d, hi, r, c, w, NULL, half);
+        ln_short_output_wb(src, src_row, dst, dst_row, n, d, hi, r, c, w, NULL, half, skind,
+                           dkind);
     else if (b)
-        ln_short_output_wb(src, src_row, dst, dst_row, n, d, hi, r, c, NULL, b, half);
+        ln_short_output_wb(src, src_row, dst, dst_row, n, d, hi, r, c, NULL, b, half, skind,
+                           dkind);
     else
-        ln_short_output_wb(src, src_row, dst, dst_row, n, d, hi, r, c, NULL, NULL, half);
+        ln_short_output_wb(src, src_row, dst, dst_row, n, d, hi, r, c, NULL, NULL, half, skind,
+                           dkind);
 }
 
 /* Records of at most half a lane row, as ln_short_stats_half. */
@@ -1408,7 +1460,8 @@ static void ln_short_output_half(const char *src, ptrdiff_t src_row, char *dst,
                                  ptrdiff_t dst_row, size_t n, size_t d, const float *hi,
                                  const float *r, const float *c, const float *w, const float *b)
 {
-    ln_short_output_affine(src, src_row, dst, dst_row, n, d, hi, r, c, w, b, 1);
+    ln_short_output_affine(src, src_row, dst, dst_row, n, d, hi, r, c, w, b, 1, LN_ROWS_F32,
+                           LN_ROWS_F32);
 }
 
 static void ln_short_output_avx2(const char *src, ptrdiff_t src_row, char *dst, ptrdiff_t dst_row,
@@ -1418,10 +1471,53 @@ static void ln_short_output_avx2(const char *src, ptrdiff_t src_row, char *dst, 
     if (d <= LN_LANES / 2)
         ln_short_output_half(src, src_row, dst, dst_row, n, d, hi, r, c, w, b);
     else
-        ln_short_output_affine(src, src_row, dst, dst_row, n, d, hi, r, c, w, b, 0);
+        ln_short_output_affine(src, src_row, dst, dst_row, n, d, hi, r, c, w, b, 0, LN_ROWS_F32,
+                               LN_ROWS_F32);
 }
 #define LN_SHORT_STATS_AVX ln_short_stats_avx2
 #define LN_SHORT_OUTPUT_AVX ln_short_output_avx2
+
+/* float16 and bfloat16 records of d = 8 or 16 (a quarter or half a lane
+ * row: one or two registers once converted), read in place and written
+ * in place (to_float 0) or as float rows (to_float 1: a group whose
+ * records are not all kept goes through its rows), converted in
+ * registers: through the group's float rows, float16 (1e6, 16) had taken
+ * 1.13x float32's time per element, bfloat16 1.19x. The same values: the
+ * conversions are exact one way and rounded once the other, as the rows'
+ * are. */
+static void ln_short_stats_narrow16(const char *src, ptrdiff_t src_row, size_t n, size_t d,
+                                    int rms, double *mean, double *var, float *hi, float *lo,
+                                    int kind)
+{
+    int nv = d == LN_LANES / 2 ? 2 : 1;
+    if (kind == LN_ROWS_F16 && nv == 2)
+        ln_short_stats_nv(src, src_row, n, d, rms, mean, var, hi, lo, 2, 1, LN_ROWS_F16);
+    else if (kind == LN_ROWS_F16)
+        ln_short_stats_nv(src, src_row, n, d, rms, mean, var, hi, lo, 1, 1, LN_ROWS_F16);
+    else if (nv == 2)
+        ln_short_stats_nv(src, src_row, n, d, rms, mean, var, hi, lo, 2, 1, LN_ROWS_BF16);
+    else
+        ln_short_stats_nv(src, src_row, n, d, rms, mean, var, hi, lo, 1, 1, LN_ROWS_BF16);
+}
+
+static void ln_short_output_narrow16(const char *src, ptrdiff_t src_row, char *dst,
+                                     ptrdiff_t dst_row, size_t n, size_t d, const float *hi,
+                                     const float *r, const float *c, const float *w,
+                                     const float *b, int kind, int to_float)
+{
+    if (kind == LN_ROWS_F16 && !to_float)
+        ln_short_output_affine(src, src_row, dst, dst_row, n, d, hi, r, c, w, b, 1, LN_ROWS_F16,
+                               LN_ROWS_F16);
+    else if (kind == LN_ROWS_F16)
+        ln_short_output_affine(src, src_row, dst, dst_row, n, d, hi, r, c, w, b, 1, LN_ROWS_F16,
+                               LN_ROWS_F32);
+    else if (!to_float)
+        ln_short_output_affine(src, src_row, dst, dst_row, n, d, hi, r, c, w, b, 1, LN_ROWS_BF16,
+                               LN_ROWS_BF16);
+    else
+        ln_short_output_affine(src, src_row, dst, dst_row, n, d, hi, r, c, w, b, 1, LN_ROWS_BF16,
+                               LN_ROWS_F32);
+}
 
 /* ---- short records' backward, 256-bit --------------------------------- */
 /*
@@ -1471,7 +1567,8 @@ ln_short_back_sums_nv(const char *x, ptrdiff_t x_row, const char *dy, ptrdiff_t 
     for (size_t k = 0; k < LN_SHORT_GROUP; k++)
         s->mean[k] = 0.0;
     if (!rms && !given)
-        ln_short_means_nv(x, x_row, n, LN_SHORT_GROUP, d, s->mean, hi, lo, nv, full);
+        ln_short_means_nv(x, x_row, n, LN_SHORT_GROUP, d, s->mean, hi, lo, nv, full,
+                          LN_ROWS_F32);
     for (size_t k = 0; k < LN_SHORT_GROUP; k++)
         m0[k] = rms ? 0.0f : (float)(given && k < n ? given[k] : s->mean[k]);
     const __m256 zero = _mm256_setzero_ps(), one = _mm256_set1_ps(1.0f);
@@ -1804,13 +1901,6 @@ static inline float ln_group_get(const void *row, size_t i, int kind)
     return ((const float *)row)[i];
 }
 
-static inline void ln_store8(void *p, __m256 v, int kind)
-{
-    if (kind == LN_ROWS_F16)
-        _mm_storeu_si128((__m128i *)p, _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
-    else
-        _mm256_storeu_ps((float *)p, v);
-}
 
 /* Features one step of the group loop takes from each streamed record: at
  * the AVX-512 level sixteen (two sets of sums in registers), a whole

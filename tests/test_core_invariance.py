@@ -261,14 +261,14 @@ def _check_layer_norm_into_shifted_outs(x, w, b):
                                     lnc.layer_norm(x, w, b))
 
 
-@pytest.mark.parametrize("dtype,d", [(F32, 16), (F32, 33), (F32, 64), (F16, 64), (F64, 16)],
-                         ids=str)
+@pytest.mark.parametrize("dtype,d", [(F32, 16), (F32, 33), (F32, 64), (F16, 16), (F16, 64),
+                                     (F64, 16)], ids=str)
 def test_short_records_streamed_into_a_large_out(dtype, d, restore_settings):
     """Short float32/float64 records of 128 bytes or more written into an
     existing out= of 8 MiB or more go out a group at a time with streaming
     stores from the first 64-byte boundary on (shorter ones, and float16
-    ones, with plain stores: float32 d = 16 straight from the group's
-    loop): the same bits as the plain stores of a new array, at any
+    ones, with plain stores: float32 and float16 d = 16 straight from the
+    group's loop, float16 converted in registers): the same bits as the plain stores of a new array, at any
     alignment of out (the head and tail of each group stored plainly). A
     NaN record (left to the record path: its group is not written whole)
     and a record of zeros (kept by its group) sit among them."""
