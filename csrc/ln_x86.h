@@ -1242,16 +1242,8 @@ static inline __m256d ln_tree_last4(const __m256d r[4])
 }
 
 /* Records k..k+3 of n (rows src_row bytes apart; past n, the last). */
-static inline void ln_rows4(const float *p[4], const char *src, ptrdiff_t src_row, size_t n,
+static inline void ln_rows4(const char *p[4], const char *src, ptrdiff_t src_row, size_t n,
                             size_t k)
-{
-    for (size_t i = 0; i < 4; i++)
-        p[i] = (const float *)(src + (ptrdiff_t)(k + i < n ? k + i : n - 1) * src_row);
-}
-
-/* ... as rows of any kind. */
-static inline void ln_rows4_of(const char *p[4], const char *src, ptrdiff_t src_row, size_t n,
-                               size_t k)
 {
     for (size_t i = 0; i < 4; i++)
         p[i] = src + (ptrdiff_t)(k + i < n ? k + i : n - 1) * src_row;
@@ -1276,7 +1268,7 @@ ln_short_means_nv(const char *src, ptrdiff_t src_row, size_t n, size_t count, si
     for (size_t k = 0; k < count; k += 4) {
         const char *p[4];
         __m256d r[4];
-        ln_rows4_of(p, src, src_row, n, k);
+        ln_rows4(p, src, src_row, n, k);
         for (int i = 0; i < 4; i++) { /* the sum of x - x[0] */
             __m256 a[4], x0 = _mm256_set1_ps(ln_elem0(p[i], kind));
             for (int q = 0; q < na; q++)
@@ -1341,7 +1333,7 @@ ln_short_stats_nv(const char *src, ptrdiff_t src_row, size_t n, size_t d, int rm
     for (size_t k = 0; k < n; k += 4) {
         const char *p[4];
         __m256d r[4];
-        ln_rows4_of(p, src, src_row, n, k);
+        ln_rows4(p, src, src_row, n, k);
         for (int i = 0; i < 4; i++) { /* the squares of (x - hi) - lo */
             __m256 a[4], h = _mm256_set1_ps(hi[k + i]), l = _mm256_set1_ps(lo[k + i]);
             for (int q = 0; q < na; q++) {
@@ -1561,14 +1553,14 @@ static inline __m128 ln_max_last4(const __m256 v[4])
 static inline __attribute__((always_inline)) void
 ln_short_back_sums_nv(const char *x, ptrdiff_t x_row, const char *dy, ptrdiff_t dy_row,
                       size_t n, size_t d, const float *wp, const double *given, int rms,
-                      ln_back_group_sums *s, float *m0, int nv, int full)
+                      ln_back_group_sums *s, float *m0, int nv, int full, int kind)
 {
+    const size_t es = kind == LN_ROWS_F32 ? 4 : 2;
     float hi[LN_SHORT_GROUP], lo[LN_SHORT_GROUP];
     for (size_t k = 0; k < LN_SHORT_GROUP; k++)
         s->mean[k] = 0.0;
     if (!rms && !given)
-        ln_short_means_nv(x, x_row, n, LN_SHORT_GROUP, d, s->mean, hi, lo, nv, full,
-                          LN_ROWS_F32);
+        ln_short_means_nv(x, x_row, n, LN_SHORT_GROUP, d, s->mean, hi, lo, nv, full, kind);
     for (size_t k = 0; k < LN_SHORT_GROUP; k++)
         m0[k] = rms ? 0.0f : (float)(given && k < n ? given[k] : s->mean[k]);
     const __m256 zero = _mm256_setzero_ps(), one = _mm256_set1_ps(1.0f);
@@ -1580,7 +1572,7 @@ ln_short_back_sums_nv(const char *x, ptrdiff_t x_row, const char *dy, ptrdiff_t 
         w[q] = _mm256_loadu_ps(wp + 8 * q);
     double *sums[4] = {s->st, s->stt, s->g, s->gt};
     for (size_t k = 0; k < LN_SHORT_GROUP; k += 4) {
-        const float *px[4], *pd[4];
+        const char *px[4], *pd[4];
         __m256d r[4][4]; /* each sum's lanes 0..3 of the tree, by record */
         __m256 mdy[4], mt[4];
         ln_rows4(px, x, x_row, n, k);
@@ -1589,8 +1581,8 @@ ln_short_back_sums_nv(const char *x, ptrdiff_t x_row, const char *dy, ptrdiff_t 
             __m256 l[4][4], c = _mm256_set1_ps(m0[k + i]);
             mdy[i] = mt[i] = zero;
             for (int q = 0; q < nv; q++) {
-                __m256 t = _mm256_sub_ps(_mm256_loadu_ps(px[i] + 8 * q), c);
-                __m256 dv = _mm256_loadu_ps(pd[i] + 8 * q);
+                __m256 t = _mm256_sub_ps(ln_load8(px[i] + 8 * q * es, kind), c);
+                __m256 dv = ln_load8(pd[i] + 8 * q * es, kind);
                 if (!full) {
                     t = _mm256_and_ps(mk[q], t);
                     dv = _mm256_and_ps(mk[q], dv);
@@ -1630,21 +1622,21 @@ static void ln_short_back_sums_avx2(const char *x, ptrdiff_t x_row, const char *
                                     float *m0)
 {
     if (d == 8)
-        ln_short_back_sums_nv(x, x_row, dy, dy_row, n, d, wp, given, rms, s, m0, 1, 1);
+        ln_short_back_sums_nv(x, x_row, dy, dy_row, n, d, wp, given, rms, s, m0, 1, 1, LN_ROWS_F32);
     else if (d < 8)
-        ln_short_back_sums_nv(x, x_row, dy, dy_row, n, d, wp, given, rms, s, m0, 1, 0);
+        ln_short_back_sums_nv(x, x_row, dy, dy_row, n, d, wp, given, rms, s, m0, 1, 0, LN_ROWS_F32);
     else if (d == 16)
-        ln_short_back_sums_nv(x, x_row, dy, dy_row, n, d, wp, given, rms, s, m0, 2, 1);
+        ln_short_back_sums_nv(x, x_row, dy, dy_row, n, d, wp, given, rms, s, m0, 2, 1, LN_ROWS_F32);
     else if (d < 16)
-        ln_short_back_sums_nv(x, x_row, dy, dy_row, n, d, wp, given, rms, s, m0, 2, 0);
+        ln_short_back_sums_nv(x, x_row, dy, dy_row, n, d, wp, given, rms, s, m0, 2, 0, LN_ROWS_F32);
     else if (d == 32)
-        ln_short_back_sums_nv(x, x_row, dy, dy_row, n, d, wp, given, rms, s, m0, 4, 1);
+        ln_short_back_sums_nv(x, x_row, dy, dy_row, n, d, wp, given, rms, s, m0, 4, 1, LN_ROWS_F32);
     else if (d < 32)
-        ln_short_back_sums_nv(x, x_row, dy, dy_row, n, d, wp, given, rms, s, m0, 4, 0);
+        ln_short_back_sums_nv(x, x_row, dy, dy_row, n, d, wp, given, rms, s, m0, 4, 0, LN_ROWS_F32);
     else if (d == 64)
-        ln_short_back_sums_nv(x, x_row, dy, dy_row, n, d, wp, given, rms, s, m0, 8, 1);
+        ln_short_back_sums_nv(x, x_row, dy, dy_row, n, d, wp, given, rms, s, m0, 8, 1, LN_ROWS_F32);
     else
-        ln_short_back_sums_nv(x, x_row, dy, dy_row, n, d, wp, given, rms, s, m0, 8, 0);
+        ln_short_back_sums_nv(x, x_row, dy, dy_row, n, d, wp, given, rms, s, m0, 8, 0, LN_ROWS_F32);
 }
 
 /* A group's float coefficients (ln_ops.h's back_short_rows: hi, r, c of
@@ -1807,16 +1799,17 @@ ln_short_back_output_nv(const char *x, ptrdiff_t x_row, const char *dy, ptrdiff_
                         char *dst, ptrdiff_t dst_row, size_t n, const float *wp,
                         const ln_short_back_coefs *co, int levels,
                         uint64_t sw[LN_ACC_LEVELS][2 * LN_LANES],
-                        uint64_t sb[LN_ACC_LEVELS][2 * LN_LANES], int nv)
+                        uint64_t sb[LN_ACC_LEVELS][2 * LN_LANES], int nv, int kind)
 {
+    const size_t es = kind == LN_ROWS_F32 ? 4 : 2;
     for (int q = 0; q < nv; q++) {
         const __m256 w = _mm256_loadu_ps(wp + 8 * q);
         ln_terms8 s;
         ln_terms8_zero(&s);
         for (size_t k = 0; k < LN_SHORT_GROUP; k++) {
             size_t kk = k < n ? k : n - 1;
-            __m256 xv = _mm256_loadu_ps((const float *)(x + (ptrdiff_t)kk * x_row) + 8 * q);
-            __m256 dv = _mm256_loadu_ps((const float *)(dy + (ptrdiff_t)kk * dy_row) + 8 * q);
+            __m256 xv = ln_load8(x + (ptrdiff_t)kk * x_row + 8 * q * es, kind);
+            __m256 dv = ln_load8(dy + (ptrdiff_t)kk * dy_row + 8 * q * es, kind);
             __m256 r = _mm256_set1_ps(co->r[k]);
             __m256 xh = _mm256_fmadd_ps(_mm256_sub_ps(xv, _mm256_set1_ps(co->hi[k])), r,
                                         _mm256_set1_ps(co->c[k]));
@@ -1825,7 +1818,7 @@ ln_short_back_output_nv(const char *x, ptrdiff_t x_row, const char *dy, ptrdiff_
                                                       _mm256_sub_ps(g, _mm256_set1_ps(co->a[k]))),
                                      r);
             if (co->keep[k])
-                _mm256_storeu_ps((float *)(dst + (ptrdiff_t)k * dst_row) + 8 * q, o);
+                ln_store8(dst + (ptrdiff_t)k * dst_row + 8 * q * es, o, kind);
             if (!levels)
                 continue;
             /* a record not kept adds terms of +0 (dy and xhat both +0:
@@ -1838,26 +1831,72 @@ ln_short_back_output_nv(const char *x, ptrdiff_t x_row, const char *dy, ptrdiff_
     }
 }
 
-static void ln_short_back_output_avx2(const char *x, ptrdiff_t x_row, const char *dy,
-                                      ptrdiff_t dy_row, char *dst, ptrdiff_t dst_row, size_t n,
-                                      size_t d, const float *wp, const ln_short_back_coefs *co,
-                                      int levels, uint64_t sw[LN_ACC_LEVELS][2 * LN_LANES],
-                                      uint64_t sb[LN_ACC_LEVELS][2 * LN_LANES])
+/* One copy per (registers, levels) of rows of `kind` (a constant). */
+static inline __attribute__((always_inline)) void
+ln_short_back_output_of(const char *x, ptrdiff_t x_row, const char *dy, ptrdiff_t dy_row,
+                        char *dst, ptrdiff_t dst_row, size_t n, size_t d, const float *wp,
+                        const ln_short_back_coefs *co, int levels,
+                        uint64_t sw[LN_ACC_LEVELS][2 * LN_LANES],
+                        uint64_t sb[LN_ACC_LEVELS][2 * LN_LANES], int kind)
 {
     int nv = d > 32 ? 8 : d > 16 ? 4 : d > 8 ? 2 : 1;
     for (int v = 1; v <= 8; v *= 2) {
         if (nv != v)
             continue;
         if (levels == 3)
-            ln_short_back_output_nv(x, x_row, dy, dy_row, dst, dst_row, n, wp, co, 3, sw, sb, v);
+            ln_short_back_output_nv(x, x_row, dy, dy_row, dst, dst_row, n, wp, co, 3, sw, sb, v,
+                                    kind);
         else if (levels == 2)
-            ln_short_back_output_nv(x, x_row, dy, dy_row, dst, dst_row, n, wp, co, 2, sw, sb, v);
+            ln_short_back_output_nv(x, x_row, dy, dy_row, dst, dst_row, n, wp, co, 2, sw, sb, v,
+                                    kind);
         else
-            ln_short_back_output_nv(x, x_row, dy, dy_row, dst, dst_row, n, wp, co, 0, sw, sb, v);
+            ln_short_back_output_nv(x, x_row, dy, dy_row, dst, dst_row, n, wp, co, 0, sw, sb, v,
+                                    kind);
     }
+}
+
+static void ln_short_back_output_avx2(const char *x, ptrdiff_t x_row, const char *dy,
+                                      ptrdiff_t dy_row, char *dst, ptrdiff_t dst_row, size_t n,
+                                      size_t d, const float *wp, const ln_short_back_coefs *co,
+                                      int levels, uint64_t sw[LN_ACC_LEVELS][2 * LN_LANES],
+                                      uint64_t sb[LN_ACC_LEVELS][2 * LN_LANES])
+{
+    ln_short_back_output_of(x, x_row, dy, dy_row, dst, dst_row, n, d, wp, co, levels, sw, sb,
+                            LN_ROWS_F32);
 }
 #define LN_SHORT_BACK_SUMS_AVX ln_short_back_sums_avx2
 #define LN_SHORT_BACK_OUTPUT_AVX ln_short_back_output_avx2
+
+/* float16 and bfloat16 records of two lane rows (d = 64), read and
+ * written in place, converted in registers, as float32's are (ln_lane.h's
+ * back_direct; shorter ones go through the group's float rows). */
+static void ln_short_back_sums_16(const char *x, ptrdiff_t x_row, const char *dy,
+                                  ptrdiff_t dy_row, size_t n, size_t d, const float *wp,
+                                  const double *given, int rms, ln_back_group_sums *s, float *m0,
+                                  int kind)
+{
+    if (kind == LN_ROWS_F16)
+        ln_short_back_sums_nv(x, x_row, dy, dy_row, n, d, wp, given, rms, s, m0, 8, 1,
+                              LN_ROWS_F16);
+    else
+        ln_short_back_sums_nv(x, x_row, dy, dy_row, n, d, wp, given, rms, s, m0, 8, 1,
+                              LN_ROWS_BF16);
+}
+
+static void ln_short_back_output_16(const char *x, ptrdiff_t x_row, const char *dy,
+                                    ptrdiff_t dy_row, char *dst, ptrdiff_t dst_row, size_t n,
+                                    size_t d, const float *wp, const ln_short_back_coefs *co,
+                                    int levels, uint64_t sw[LN_ACC_LEVELS][2 * LN_LANES],
+                                    uint64_t sb[LN_ACC_LEVELS][2 * LN_LANES], int kind)
+{
+    (void)d; /* 2 * LN_LANES */
+    if (kind == LN_ROWS_F16)
+        ln_short_back_output_of(x, x_row, dy, dy_row, dst, dst_row, n, 2 * LN_LANES, wp, co,
+                                levels, sw, sb, LN_ROWS_F16);
+    else
+        ln_short_back_output_of(x, x_row, dy, dy_row, dst, dst_row, n, 2 * LN_LANES, wp, co,
+                                levels, sw, sb, LN_ROWS_BF16);
+}
 
 /* ---- a group's parameter-gradient terms, 256-bit ---------------------- */
 /*
