@@ -376,9 +376,11 @@ LN_ALWAYS_INLINE void LN_FN(group_stats_w)(LN_FN(short_group) *g, const char *x,
     LN_FN(group_rstd)(g, LN_SHORT_GROUP, n, eps);
 }
 
-/* Does the level read records of a quarter or half a lane row in place
- * (float32 ones, and float16 and bfloat16 ones it converts in registers:
- * ln_x86.h's ln_short_stats_narrow16)? */
+/* Does the level read short records other than float32's in place,
+ * converting them in registers (float16 and bfloat16: ln_x86.h's
+ * ln_short_stats_narrow16 for a quarter or half a lane row, and
+ * ln_short_back_sums_16 for the backward's two lane rows)? float32's are
+ * read in place wherever the level has short loops. */
 LN_ALWAYS_INLINE int LN_FN(narrow_in_place)(void)
 {
 #if defined(LN_SHORT_NARROW_KIND)
@@ -405,10 +407,11 @@ LN_ALWAYS_INLINE int LN_FN(narrow_in_place)(void)
  * d = 16 and 8 now take the level's loops too (group_in_rows). */
 _Static_assert(LN_SHORT_GROUP % 4 == 0, "the level's statistics fill four records at a time");
 
-/* Does the level read the records in place (float32 rows of whole
- * registers)? Of one or two lane rows; with narrow (a constant: only the
- * callers of d = 8 and 16 set it, so that the code of the other widths
- * stays as it was), of a quarter or half a lane row too. */
+/* Does the level read the records in place (rows of whole registers)?
+ * float32 rows of one or two lane rows; with narrow (a constant: only
+ * the callers of d = 8 and 16 set it, so that the code of the other
+ * widths stays as it was), of a quarter or half a lane row too, and then
+ * float16 and bfloat16 rows as well (narrow_in_place). */
 LN_ALWAYS_INLINE int LN_FN(group_direct)(size_t d, int narrow)
 {
     return (sizeof(LN_S) == sizeof(float) && (d == LN_LANES || d == 2 * LN_LANES)) ||

@@ -63,6 +63,7 @@
 #if defined(LN_SHORT_STATS_AVX)
 #define LN_SHORT_STATS_ROWS LN_SHORT_STATS_AVX
 #define LN_SHORT_OUTPUT_ROWS LN_SHORT_OUTPUT_AVX
+/* the row kind of ln_x86.h's in-place 16-bit short loops (ln_lane.h's narrow_in_place) */
 #define LN_SHORT_NARROW_KIND LN_ROWS_F16
 #endif
 #if defined(LN_SHORT_BACK_SUMS_AVX)
