@@ -857,8 +857,11 @@ static void LN_OPS(back_finish)(const ln_rows *r, const LN_OPS(back_prep) *p, si
      * records in the caches, whose dx comes from the same loop (apply;
      * (256, 768) 0.95x). Not a large call's records whose dx is not
      * streamed (a fresh output of 32 MiB or more): eight rows of dx
-     * written side by side, (16384, 4096) had taken 1.38x the time.
-     * RMSNorm's, dweight's alone, gained nothing. */
+     * written side by side, (16384, 4096) had taken 1.38x the time;
+     * but float16 rows of less than 4 KiB, never streamed with the sums:
+     * one thread, (4096, 1536) 0.88-0.90x, (16384, 768) 0.88-0.97x,
+     * (4096, 1024) 0.96x, (4096, 768) 0.98x (float16 (16384, 4096) took
+     * 1.15x as long). RMSNorm's, dweight's alone, gained nothing. */
     int grouped = 0, apply = 0, levels = 2;
     (void)levels;
 #if defined(LN_BACK_GROUP_LOOP)
@@ -869,7 +872,8 @@ static void LN_OPS(back_finish)(const ln_rows *r, const LN_OPS(back_prep) *p, si
         streamed += from[j] < d;
         levels = p[j].path == LN_DEPOSIT_3 ? 3 : levels;
     }
-    apply = grouped && streamed == 0 && !r->ahead;
+    apply = grouped && streamed == 0 &&
+            (!r->ahead || (sizeof(LN_S) == 2 && r->d * sizeof(LN_S) < 4096));
     grouped &= apply || (streamed == m && m > 1); /* in the caches, or all streamed */
 #endif
     ln_acc *dw = grouped ? NULL : r->dw, *db = grouped ? NULL : r->db;
