@@ -1387,15 +1387,19 @@ LN_ALWAYS_INLINE int LN_FN(back_is_short)(size_t d)
 #if defined(LN_SHORT_BACK_SUMS_ROWS)
 /* Does the level's loop read the group's rows in place (float32 records
  * of whole registers: 8, 16, 32 or 64 features)? Else float copies.
- * float16 and bfloat16 records of two lane rows too, converted in
- * registers: one thread, float16 (1e6, 64) 0.71x the time, (1e5, 64)
- * 0.79x, RMSNorm 0.68-0.69x, bfloat16 0.80-0.82x; (4096, 64) in the
- * caches level. Not their shorter ones: (1e5, 16) took 1.40x as long,
- * (1e5, 32) 1.07x, (20000, 8) 1.17x (not investigated further). */
+ * float16 records of whole registers too, and bfloat16 ones of one or
+ * two lane rows, converted in registers: one thread, float16 (1e6, 64)
+ * 0.71x the time, (1e5, 64) 0.79x, (1e5, 32) 0.83x, (1e6, 16) 0.92x,
+ * (20000, 8) 0.90x; RMSNorm (1e5, 64) 0.68x, (1e5, 32) 0.80x, (1e6, 16)
+ * 0.88x; bfloat16 (1e5, 64) 0.80-0.82x, (1e5, 32) 0.94-0.96x, but
+ * (1e5, 16) 1.07-1.11x slower (its 8-float stores). */
 LN_ALWAYS_INLINE int LN_FN(back_direct)(size_t d)
 {
-    if (sizeof(LN_S) < sizeof(float))
-        return LN_FN(narrow_in_place)() && d == 2 * LN_LANES;
+#if defined(LN_SHORT_NARROW_KIND)
+    if (sizeof(LN_S) < sizeof(float)) /* float16 whole registers, bfloat16 lane rows */
+        return d == 2 * LN_LANES || d == LN_LANES ||
+               (LN_SHORT_NARROW_KIND == LN_ROWS_F16 && LN_FN(group_width)(d) == d);
+#endif
     return sizeof(LN_S) == sizeof(float) && (LN_FN(group_width)(d) == d || d == 2 * LN_LANES);
 }
 #endif

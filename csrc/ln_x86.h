@@ -1867,17 +1867,36 @@ static void ln_short_back_output_avx2(const char *x, ptrdiff_t x_row, const char
 #define LN_SHORT_BACK_SUMS_AVX ln_short_back_sums_avx2
 #define LN_SHORT_BACK_OUTPUT_AVX ln_short_back_output_avx2
 
-/* float16 and bfloat16 records of two lane rows (d = 64), read and
- * written in place, converted in registers, as float32's are (ln_lane.h's
- * back_direct; shorter ones go through the group's float rows). */
+/* float16 and bfloat16 records of whole registers (d = 8, 16, 32 or 64),
+ * read and written in place, converted in registers, as float32's are
+ * (ln_lane.h's back_direct). Each width its own branch: a loop over them
+ * is not unrolled, and the copy it leaves takes the count at run time. */
 static void ln_short_back_sums_16(const char *x, ptrdiff_t x_row, const char *dy,
                                   ptrdiff_t dy_row, size_t n, size_t d, const float *wp,
                                   const double *given, int rms, ln_back_group_sums *s, float *m0,
                                   int kind)
 {
-    if (kind == LN_ROWS_F16)
+    if (kind == LN_ROWS_F16 && d == 8)
+        ln_short_back_sums_nv(x, x_row, dy, dy_row, n, d, wp, given, rms, s, m0, 1, 1,
+                              LN_ROWS_F16);
+    else if (kind == LN_ROWS_F16 && d == 16)
+        ln_short_back_sums_nv(x, x_row, dy, dy_row, n, d, wp, given, rms, s, m0, 2, 1,
+                              LN_ROWS_F16);
+    else if (kind == LN_ROWS_F16 && d == 32)
+        ln_short_back_sums_nv(x, x_row, dy, dy_row, n, d, wp, given, rms, s, m0, 4, 1,
+                              LN_ROWS_F16);
+    else if (kind == LN_ROWS_F16)
         ln_short_back_sums_nv(x, x_row, dy, dy_row, n, d, wp, given, rms, s, m0, 8, 1,
                               LN_ROWS_F16);
+    else if (d == 8)
+        ln_short_back_sums_nv(x, x_row, dy, dy_row, n, d, wp, given, rms, s, m0, 1, 1,
+                              LN_ROWS_BF16);
+    else if (d == 16)
+        ln_short_back_sums_nv(x, x_row, dy, dy_row, n, d, wp, given, rms, s, m0, 2, 1,
+                              LN_ROWS_BF16);
+    else if (d == 32)
+        ln_short_back_sums_nv(x, x_row, dy, dy_row, n, d, wp, given, rms, s, m0, 4, 1,
+                              LN_ROWS_BF16);
     else
         ln_short_back_sums_nv(x, x_row, dy, dy_row, n, d, wp, given, rms, s, m0, 8, 1,
                               LN_ROWS_BF16);
@@ -1889,13 +1908,12 @@ static void ln_short_back_output_16(const char *x, ptrdiff_t x_row, const char *
                                     int levels, uint64_t sw[LN_ACC_LEVELS][2 * LN_LANES],
                                     uint64_t sb[LN_ACC_LEVELS][2 * LN_LANES], int kind)
 {
-    (void)d; /* 2 * LN_LANES */
     if (kind == LN_ROWS_F16)
-        ln_short_back_output_of(x, x_row, dy, dy_row, dst, dst_row, n, 2 * LN_LANES, wp, co,
-                                levels, sw, sb, LN_ROWS_F16);
+        ln_short_back_output_of(x, x_row, dy, dy_row, dst, dst_row, n, d, wp, co, levels, sw, sb,
+                                LN_ROWS_F16);
     else
-        ln_short_back_output_of(x, x_row, dy, dy_row, dst, dst_row, n, 2 * LN_LANES, wp, co,
-                                levels, sw, sb, LN_ROWS_BF16);
+        ln_short_back_output_of(x, x_row, dy, dy_row, dst, dst_row, n, d, wp, co, levels, sw, sb,
+                                LN_ROWS_BF16);
 }
 
 /* ---- a group's parameter-gradient terms, 256-bit ---------------------- */
