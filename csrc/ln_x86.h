@@ -1871,35 +1871,33 @@ static void ln_short_back_output_avx2(const char *x, ptrdiff_t x_row, const char
  * read and written in place, converted in registers, as float32's are
  * (ln_lane.h's back_direct). Each width its own branch: a loop over them
  * is not unrolled, and the copy it leaves takes the count at run time. */
+/* ... one kind (a constant), each width its own copy. */
+static inline __attribute__((always_inline)) void
+ln_short_back_sums_whole(const char *x, ptrdiff_t x_row, const char *dy, ptrdiff_t dy_row,
+                         size_t n, size_t d, const float *wp, const double *given, int rms,
+                         ln_back_group_sums *s, float *m0, int kind)
+{
+    if (d == 8)
+        ln_short_back_sums_nv(x, x_row, dy, dy_row, n, d, wp, given, rms, s, m0, 1, 1, kind);
+    else if (d == 16)
+        ln_short_back_sums_nv(x, x_row, dy, dy_row, n, d, wp, given, rms, s, m0, 2, 1, kind);
+    else if (d == 32)
+        ln_short_back_sums_nv(x, x_row, dy, dy_row, n, d, wp, given, rms, s, m0, 4, 1, kind);
+    else
+        ln_short_back_sums_nv(x, x_row, dy, dy_row, n, d, wp, given, rms, s, m0, 8, 1, kind);
+}
+
 static void ln_short_back_sums_16(const char *x, ptrdiff_t x_row, const char *dy,
                                   ptrdiff_t dy_row, size_t n, size_t d, const float *wp,
                                   const double *given, int rms, ln_back_group_sums *s, float *m0,
                                   int kind)
 {
-    if (kind == LN_ROWS_F16 && d == 8)
-        ln_short_back_sums_nv(x, x_row, dy, dy_row, n, d, wp, given, rms, s, m0, 1, 1,
-                              LN_ROWS_F16);
-    else if (kind == LN_ROWS_F16 && d == 16)
-        ln_short_back_sums_nv(x, x_row, dy, dy_row, n, d, wp, given, rms, s, m0, 2, 1,
-                              LN_ROWS_F16);
-    else if (kind == LN_ROWS_F16 && d == 32)
-        ln_short_back_sums_nv(x, x_row, dy, dy_row, n, d, wp, given, rms, s, m0, 4, 1,
-                              LN_ROWS_F16);
-    else if (kind == LN_ROWS_F16)
-        ln_short_back_sums_nv(x, x_row, dy, dy_row, n, d, wp, given, rms, s, m0, 8, 1,
-                              LN_ROWS_F16);
-    else if (d == 8)
-        ln_short_back_sums_nv(x, x_row, dy, dy_row, n, d, wp, given, rms, s, m0, 1, 1,
-                              LN_ROWS_BF16);
-    else if (d == 16)
-        ln_short_back_sums_nv(x, x_row, dy, dy_row, n, d, wp, given, rms, s, m0, 2, 1,
-                              LN_ROWS_BF16);
-    else if (d == 32)
-        ln_short_back_sums_nv(x, x_row, dy, dy_row, n, d, wp, given, rms, s, m0, 4, 1,
-                              LN_ROWS_BF16);
+    if (kind == LN_ROWS_F16)
+        ln_short_back_sums_whole(x, x_row, dy, dy_row, n, d, wp, given, rms, s, m0,
+                                 LN_ROWS_F16);
     else
-        ln_short_back_sums_nv(x, x_row, dy, dy_row, n, d, wp, given, rms, s, m0, 8, 1,
-                              LN_ROWS_BF16);
+        ln_short_back_sums_whole(x, x_row, dy, dy_row, n, d, wp, given, rms, s, m0,
+                                 LN_ROWS_BF16);
 }
 
 static void ln_short_back_output_16(const char *x, ptrdiff_t x_row, const char *dy,
