@@ -566,6 +566,25 @@ static inline void ln_store8(void *p, __m256 v, int kind)
     }
 }
 
+/* Sixteen floats (lo, then hi) stored as a row of `kind`. bfloat16 rows
+ * on the AVX-512 level convert both halves in one 256-bit vcvtne2ps2bf16
+ * (ln_bf16_pair_of's rounding), where ln_store8 converts each half
+ * alone. */
+static inline void ln_store16(void *p, __m256 lo, __m256 hi, int kind)
+{
+#if LN_VEC_BYTES == 64
+    if (kind == LN_ROWS_BF16 && ln_cpu_bf16_convert &&
+        !(_mm256_fpclass_ps_mask(lo, 0x20) | _mm256_fpclass_ps_mask(hi, 0x20))) {
+        __m256i h;
+        __asm__("vcvtne2ps2bf16 %2, %1, %0" : "=v"(h) : "v"(hi), "v"(lo));
+        _mm256_storeu_si256((__m256i *)p, h);
+        return;
+    }
+#endif
+    ln_store8(p, lo, kind);
+    ln_store8((char *)p + 8 * (kind == LN_ROWS_F32 ? 4 : 2), hi, kind);
+}
+
 /* Element 0 of a row of `kind` as a float. */
 static inline float ln_elem0(const void *p, int kind)
 {
@@ -1365,16 +1384,21 @@ ln_short_output_nv(const char *src, ptrdiff_t src_row, char *dst, ptrdiff_t dst_
         const char *p = src + (ptrdiff_t)k * src_row;
         char *o = dst + (ptrdiff_t)k * dst_row;
         __m256 h = _mm256_set1_ps(hi[k]), rv = _mm256_set1_ps(r[k]), cv = _mm256_set1_ps(c[k]);
+        __m256 v[8];
         for (int q = 0; q < nv; q++) {
-            __m256 v = _mm256_fmadd_ps(_mm256_sub_ps(ln_load8(p + 8 * q * es, skind), h), rv, cv);
+            v[q] = _mm256_fmadd_ps(_mm256_sub_ps(ln_load8(p + 8 * q * es, skind), h), rv, cv);
             if (w && b)
-                v = _mm256_fmadd_ps(v, _mm256_loadu_ps(w + 8 * q), _mm256_loadu_ps(b + 8 * q));
+                v[q] = _mm256_fmadd_ps(v[q], _mm256_loadu_ps(w + 8 * q), _mm256_loadu_ps(b + 8 * q));
             else if (w)
-                v = _mm256_mul_ps(v, _mm256_loadu_ps(w + 8 * q));
+                v[q] = _mm256_mul_ps(v[q], _mm256_loadu_ps(w + 8 * q));
             else if (b)
-                v = _mm256_add_ps(v, _mm256_loadu_ps(b + 8 * q));
-            ln_store8(o + 8 * q * eo, v, dkind);
+                v[q] = _mm256_add_ps(v[q], _mm256_loadu_ps(b + 8 * q));
         }
+        int q = 0;
+        for (; q + 2 <= nv; q += 2)
+            ln_store16(o + 8 * q * eo, v[q], v[q + 1], dkind);
+        if (q < nv)
+            ln_store8(o + 8 * q * eo, v[q], dkind);
     }
 }
 

@@ -223,6 +223,22 @@ def test_rounding_of_subnormal_infinite_and_nan_outputs_on_every_level(restore_s
         assert_same_bits(rms, lnc.rms_norm(*_f32(x, w), eps=1e-3).astype(BF16), f"rms {isa}")
 
 
+@pytest.mark.parametrize("d", [8, 16, 32, 64])
+def test_subnormal_outputs_of_short_records_on_every_level(restore_settings, d):
+    """The short records' loops store bfloat16 outputs eight or sixteen
+    at a time; a vector holding a subnormal float must still round as
+    ml_dtypes does (not flushed to zero by the conversion instruction)."""
+    rng = np.random.default_rng(d)
+    x = rng.standard_normal((512, d)).astype(BF16)
+    w = (10.0 ** rng.uniform(-40, -37, d) * rng.choice([-1.0, 1.0], d)).astype(BF16)
+    b = np.zeros(d, BF16)
+    want = lnc.layer_norm(*_f32(x, w, b)).astype(BF16)
+    assert (np.abs(want.astype(F32)) < np.finfo(F32).tiny).sum() > x.size // 4
+    for isa in lnc.supported_isas():
+        lnc.set_isa(isa)
+        assert_same_bits(lnc.layer_norm(x, w, b), want, f"{isa}, d={d}")
+
+
 def test_a_record_alone_or_in_a_batch():
     x, _, w, b = _batch(50, 130)
     full = lnc.layer_norm(x, w, b)
