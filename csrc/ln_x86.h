@@ -1384,11 +1384,12 @@ ln_short_output_nv(const char *src, ptrdiff_t src_row, char *dst, ptrdiff_t dst_
         const char *p = src + (ptrdiff_t)k * src_row;
         char *o = dst + (ptrdiff_t)k * dst_row;
         __m256 h = _mm256_set1_ps(hi[k]), rv = _mm256_set1_ps(r[k]), cv = _mm256_set1_ps(c[k]);
-        __m256 v[8];
+        __m256 v[8]; /* nv <= 8 */
         for (int q = 0; q < nv; q++) {
             v[q] = _mm256_fmadd_ps(_mm256_sub_ps(ln_load8(p + 8 * q * es, skind), h), rv, cv);
             if (w && b)
-                v[q] = _mm256_fmadd_ps(v[q], _mm256_loadu_ps(w + 8 * q), _mm256_loadu_ps(b + 8 * q));
+                v[q] = _mm256_fmadd_ps(v[q], _mm256_loadu_ps(w + 8 * q),
+                                       _mm256_loadu_ps(b + 8 * q));
             else if (w)
                 v[q] = _mm256_mul_ps(v[q], _mm256_loadu_ps(w + 8 * q));
             else if (b)
