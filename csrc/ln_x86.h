@@ -371,12 +371,13 @@ static inline void ln_load_row_bf16(float *v, const uint16_t *p)
         _mm512_storeu_ps(v + j, ln_float_of_bf16(_mm256_loadu_si256((const __m256i *)(p + j))));
 }
 
-/* The lanes of f that are subnormal floats: one vfpclassps (AVX512-DQ,
- * category 0x20, denormal), where testing the exponent and the fraction
- * took four instructions and two mask moves. */
+/* The lanes of f that are subnormal floats: one vfpclassps (AVX512-DQ),
+ * where testing the exponent and the fraction took four instructions and
+ * two mask moves. */
+#define LN_FPCLASS_DENORMAL 0x20 /* vfpclassps's category bit 5 */
 static inline __mmask16 ln_subnormal_lanes(__m512 f)
 {
-    return _mm512_fpclass_ps_mask(f, 0x20);
+    return _mm512_fpclass_ps_mask(f, LN_FPCLASS_DENORMAL);
 }
 
 /* 32 floats rounded to bfloat16 by AVX512-BF16's vcvtne2ps2bf16, whose
@@ -392,6 +393,19 @@ static inline __m512i ln_bf16_pair_of(__m512 lo, __m512 hi)
     __m512i h;
     __asm__("vcvtne2ps2bf16 %2, %1, %0" : "=v"(h) : "v"(hi), "v"(lo));
     return h;
+}
+
+/* The same for 16 floats in two 256-bit halves, and its subnormal test. */
+static inline __m256i ln_bf16_pair_of8(__m256 lo, __m256 hi)
+{
+    __m256i h;
+    __asm__("vcvtne2ps2bf16 %2, %1, %0" : "=v"(h) : "v"(hi), "v"(lo));
+    return h;
+}
+
+static inline __mmask8 ln_subnormal_lanes8(__m256 f)
+{
+    return _mm256_fpclass_ps_mask(f, LN_FPCLASS_DENORMAL);
 }
 
 static inline void ln_store_row_bf16(uint16_t *p, const float *v)
@@ -568,16 +582,13 @@ static inline void ln_store8(void *p, __m256 v, int kind)
 
 /* Sixteen floats (lo, then hi) stored as a row of `kind`. bfloat16 rows
  * on the AVX-512 level convert both halves in one 256-bit vcvtne2ps2bf16
- * (ln_bf16_pair_of's rounding), where ln_store8 converts each half
- * alone. */
+ * (ln_bf16_pair_of8), where ln_store8 converts each half alone. */
 static inline void ln_store16(void *p, __m256 lo, __m256 hi, int kind)
 {
 #if LN_VEC_BYTES == 64
     if (kind == LN_ROWS_BF16 && ln_cpu_bf16_convert &&
-        !(_mm256_fpclass_ps_mask(lo, 0x20) | _mm256_fpclass_ps_mask(hi, 0x20))) {
-        __m256i h;
-        __asm__("vcvtne2ps2bf16 %2, %1, %0" : "=v"(h) : "v"(hi), "v"(lo));
-        _mm256_storeu_si256((__m256i *)p, h);
+        !(ln_subnormal_lanes8(lo) | ln_subnormal_lanes8(hi))) {
+        _mm256_storeu_si256((__m256i *)p, ln_bf16_pair_of8(lo, hi));
         return;
     }
 #endif
