@@ -109,14 +109,15 @@ def set_output_cache(max_bytes: int) -> int:
 
     An output of 32 MiB or more that a call allocates (``layer_norm``,
     ``rms_norm`` and their backward passes without ``out=``, on a C-ordered
-    array normalized over its last axis) comes from fresh pages, which the operating system zeroes as they are first
-    written: for a float32 (16384, 4096) output that costs about as much as
-    the normalization. When such an array is freed, layernorm_c keeps its
-    memory (at most 4 blocks, ``max_bytes`` in all, the oldest given back
-    first) and the next call that needs an output of exactly that size
-    writes into it. A loop over batches of one shape then allocates
-    nothing after its first call. The arrays are ordinary NumPy arrays that
-    own their data; only the memory behind them outlives them.
+    array normalized over its last axis) comes from fresh pages, which the
+    operating system zeroes as they are first written: for a float32
+    (16384, 4096) output that costs about as much as the normalization.
+    When such an array is freed, layernorm_c keeps its memory (at most 4
+    blocks, ``max_bytes`` in all, the oldest given back first) and the
+    next call that needs an output of exactly that size writes into it. A
+    loop over batches of one shape then allocates nothing after its first
+    call. The arrays are ordinary NumPy arrays that own their data; only
+    the memory behind them outlives them.
 
     Parameters
     ----------
