@@ -567,11 +567,11 @@ static inline void ln_store8(void *p, __m256 v, int kind)
         _mm_storeu_si128((__m128i *)p, _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
     } else if (kind == LN_ROWS_BF16) {
 #if LN_VEC_BYTES == 64
-        __m512 z = _mm512_zextps256_ps512(v); /* (ln_store_row_bf16's choice) */
-        __m512i h = ln_cpu_bf16_convert && !ln_subnormal_lanes(z)
-                        ? ln_bf16_pair_of(z, _mm512_setzero_ps())
-                        : _mm512_castsi256_si512(ln_bf16_of(z));
-        _mm_storeu_si128((__m128i *)p, _mm512_castsi512_si128(h));
+        /* (ln_store_row_bf16's choice, at 256 bits) */
+        __m256i h = ln_cpu_bf16_convert && !ln_subnormal_lanes8(v)
+                        ? ln_bf16_pair_of8(v, _mm256_setzero_ps())
+                        : ln_bf16_of(_mm512_zextps256_ps512(v));
+        _mm_storeu_si128((__m128i *)p, _mm256_castsi256_si128(h));
 #else
         _mm_storeu_si128((__m128i *)p, ln_bf16_of8(v));
 #endif
@@ -1904,9 +1904,9 @@ static void ln_short_back_output_avx2(const char *x, ptrdiff_t x_row, const char
 
 /* float16 and bfloat16 records of whole registers (d = 8, 16, 32 or 64),
  * read and written in place, converted in registers, as float32's are
- * (ln_lane.h's back_direct). Each width its own branch: a loop over them
- * is not unrolled, and the copy it leaves takes the count at run time. */
-/* ... one kind (a constant), each width its own copy. */
+ * (ln_lane.h's back_direct). For one kind (a constant), each width its
+ * own branch: a loop over them is not unrolled, and the copy it leaves
+ * takes the count at run time. */
 static inline __attribute__((always_inline)) void
 ln_short_back_sums_whole(const char *x, ptrdiff_t x_row, const char *dy, ptrdiff_t dy_row,
                          size_t n, size_t d, const float *wp, const double *given, int rms,
