@@ -16,18 +16,20 @@
  *    width of double ones.
  * 3. Tree. The LN_LANES total lanes are combined pairwise:
  *    for h = LN_LANES/2, ..., 2, 1: lane[j] += lane[j + h], j < h.
- * 4. Shift. The first pass sums x[i] - x[0] (in the compute type), so a
- *    large common offset never enters the float sums; mean = x[0] + sum/d
- *    in double.
+ * 4. Shift. The first pass sums u = x[i] - s (in the compute type), so a
+ *    large common offset never enters the float sums; mean = s + sum/d
+ *    in double. The shift s is x[0] for records of up to
+ *    LN_ONE_PASS_MIN_D features, and for longer ones the square shift c:
+ *    the mean of the first LN_SHIFT_SPAN values, summed in double by the
+ *    pairwise tree of item 3, divided by LN_SHIFT_SPAN and rounded to T
+ *    (closer to the mean than x[0], and one u serves both sums of item 5).
  * 5. Centering. mean is split into hi = (T)mean and lo = (T)(mean - hi);
  *    the second pass sums squares of t = (x - hi) - lo.
  *    Records of more than LN_ONE_PASS_MIN_D features take one pass
  *    instead, whenever it is accurate: beside the sum of item 4 it sums
- *    the squares of u = x - c (fma(u, u, acc), items 1-3), c the
- *    square shift: the mean of the first LN_SHIFT_SPAN values, summed in
- *    double by the pairwise tree of item 3, divided by LN_SHIFT_SPAN and
- *    rounded to T. With dm = (x[0] - c) + sum/d (mean - c, free of the
- *    mean's rounding), var = sum u^2 / d - dm^2 (double)
+ *    the squares of the same u = x - c (fma(u, u, acc), items 1-3). With
+ *    dm = sum/d (mean - c, free of the mean's rounding),
+ *    var = sum u^2 / d - dm^2 (double)
  *    when dm^2 <= var and var is finite: c is then within a standard
  *    deviation of the mean and the subtraction loses at most one bit.
  *    Otherwise (a shift far from the mean, NaN, overflow) the second pass

@@ -62,11 +62,12 @@ static inline LN_T LN_FN(grad_input)(LN_T g, LN_T xh, LN_T a, LN_T bm, LN_T r)
 }
 
 /* One element v of the one-pass statistics (ln_contract.h, item 5) into
- * its lanes: a += v - shift, q += (v - c)^2 rounded once. */
-LN_ALWAYS_INLINE void LN_FN(add_shifted_square)(LN_T *a, LN_T *q, LN_T v, LN_T shift, LN_T c)
+ * its lanes: with u = v - c, a += u, q += u^2 rounded once. */
+LN_ALWAYS_INLINE void LN_FN(add_shifted_square)(LN_T *a, LN_T *q, LN_T v, LN_T c)
 {
-    *a += v - shift;
-    *q = LN_FN(add_square)(*q, v - c);
+    LN_T u = v - c;
+    *a += u;
+    *q = LN_FN(add_square)(*q, u);
 }
 
 /* End of a block: n block lanes into their double total lanes, then

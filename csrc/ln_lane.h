@@ -718,7 +718,7 @@ static double LN_FN(sum_squares)(const LN_S *x, size_t d, LN_T hi, LN_T lo, int 
      * computing its shifted sums as well made (64, 768) 1.15x slower. */
     if (sizeof(LN_T) == sizeof(float) && hi == 0 && lo == 0) {
         double s;
-        LN_SHIFTED_SQUARES_ROWS(x, d, (LN_T)0, (LN_T)0, NULL, &s, far);
+        LN_SHIFTED_SQUARES_ROWS(x, d, (LN_T)0, NULL, &s, far);
         return s;
     }
 #endif
@@ -750,16 +750,16 @@ static double LN_FN(sum_squares)(const LN_S *x, size_t d, LN_T hi, LN_T lo, int 
 }
 
 /* Both sums of the one-pass statistics (ln_contract.h, item 5), block by
- * block: x - shift into a, the squares of x - c into q. Only for records
+ * block: u = x - c into a, the squares of u into q. Only for records
  * longer than LN_ONE_PASS_MIN_D (no short path). The two arrays are
  * independent chains, so one block at a time keeps the adders busy. */
-static void LN_FN(sum_shifted_squares)(const LN_S *x, size_t d, LN_T shift, LN_T c,
-                                       double *s1, double *s2, int far)
+static void LN_FN(sum_shifted_squares)(const LN_S *x, size_t d, LN_T c, double *s1, double *s2,
+                                       int far)
 {
 #if defined(LN_SHIFTED_SQUARES_ROWS)
     /* The level's own loop (ln_x86.h), in the same order, with the same
      * tree. */
-    LN_SHIFTED_SQUARES_ROWS(x, d, shift, c, s1, s2, far);
+    LN_SHIFTED_SQUARES_ROWS(x, d, c, s1, s2, far);
 #else
     (void)far;
     double t1[LN_LANES] = {0}, t2[LN_LANES] = {0};
@@ -769,10 +769,10 @@ static void LN_FN(sum_shifted_squares)(const LN_S *x, size_t d, LN_T shift, LN_T
         for (; i + LN_LANES <= end; i += LN_LANES) {
             LN_ROW_DECL(xr_, x + i);
             for (size_t j = 0; j < LN_LANES; j++)
-                LN_FN(add_shifted_square)(&a[j], &q[j], LN_ROW_GET(xr_, x + i, j), shift, c);
+                LN_FN(add_shifted_square)(&a[j], &q[j], LN_ROW_GET(xr_, x + i, j), c);
         }
         for (size_t j = 0; i + j < end; j++)
-            LN_FN(add_shifted_square)(&a[j], &q[j], LN_LOAD(x + i + j), shift, c);
+            LN_FN(add_shifted_square)(&a[j], &q[j], LN_LOAD(x + i + j), c);
         i = end;
         LN_FN(flush)(t1, a);
         LN_FN(flush)(t2, q);

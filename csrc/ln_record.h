@@ -4,13 +4,6 @@
  * template (see ln_tmpl.h). No include guard.
  */
 
-/* mean = x[0] + sum(x - x[0]) / d: the first pass. */
-static inline double LN_FN(mean_of)(const LN_S *x, size_t d)
-{
-    LN_T shift = LN_LOAD(x);
-    return (double)shift + LN_FN(sum_shifted)(x, d, shift) / (double)d;
-}
-
 /* The square shift of the one-pass statistics: the mean of the first
  * LN_SHIFT_SPAN values, their sum taken in double by a pairwise tree,
  * written out in registers: as a loop over an array, GCC stored the
@@ -26,20 +19,32 @@ static inline LN_T LN_FN(square_shift)(const LN_S *x)
     return (LN_T)(((v0 + v2) + (v1 + v3)) / LN_SHIFT_SPAN);
 }
 
+/* The shift of the first pass (ln_contract.h, item 4): x[0], or for
+ * records of more than LN_ONE_PASS_MIN_D features the square shift, whose
+ * one pass then gives both sums. */
+static inline LN_T LN_FN(mean_shift)(const LN_S *x, size_t d)
+{
+    return d > LN_ONE_PASS_MIN_D ? LN_FN(square_shift)(x) : LN_LOAD(x);
+}
+
+/* mean = s + sum(x - s) / d, s the record's shift: the first pass. */
+static inline double LN_FN(mean_of)(const LN_S *x, size_t d)
+{
+    LN_T shift = LN_FN(mean_shift)(x, d);
+    return (double)shift + LN_FN(sum_shifted)(x, d, shift) / (double)d;
+}
+
 /* The one-pass statistics of a long record (ln_contract.h, item 5): the
  * mean of item 4 and, when the square shift c lies within a standard
  * deviation of it, the variance from the squares around c (1), else 0:
  * the caller takes the second pass. */
 static int LN_FN(stats_one_pass)(const LN_S *x, size_t d, ln_stats *st, int far)
 {
-    LN_T shift = LN_LOAD(x), c = LN_FN(square_shift)(x);
+    LN_T c = LN_FN(mean_shift)(x, d);
     double s1, s2;
-    LN_FN(sum_shifted_squares)(x, d, shift, c, &s1, &s2, far);
-    double md = s1 / (double)d; /* mean - x[0] */
-    st->mean = (double)shift + md;
-    /* mean - c without the mean's rounding, which is relative to the
-     * offset: x[0] - c is exact for values of one binade (Sterbenz). */
-    double dm = ((double)shift - (double)c) + md;
+    LN_FN(sum_shifted_squares)(x, d, c, &s1, &s2, far);
+    double dm = s1 / (double)d; /* mean - c, without the mean's rounding */
+    st->mean = (double)c + dm;
     double var = s2 / (double)d - dm * dm;
     if (!ln_shift_kept(dm, var))
         return 0;

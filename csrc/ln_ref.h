@@ -36,16 +36,15 @@ static double LN_FN(sum_squares)(const LN_S *x, size_t d, LN_T hi, LN_T lo, int 
 }
 
 /* One pass, both sums of the one-pass statistics (ln_contract.h, item
- * 5): of x[i] - shift, and of the squares of x[i] - c. */
-static void LN_FN(sum_shifted_squares)(const LN_S *x, size_t d, LN_T shift, LN_T c,
-                                       double *s1, double *s2, int far)
+ * 5): of x[i] - c, and of their squares. */
+static void LN_FN(sum_shifted_squares)(const LN_S *x, size_t d, LN_T c, double *s1, double *s2,
+                                       int far)
 {
     (void)far;
     double t1[LN_LANES] = {0}, t2[LN_LANES] = {0};
     LN_T l1[LN_LANES] = {0}, l2[LN_LANES] = {0};
     for (size_t i = 0; i < d; i++) {
-        LN_FN(add_shifted_square)(&l1[i % LN_LANES], &l2[i % LN_LANES], LN_LOAD(x + i), shift,
-                                  c);
+        LN_FN(add_shifted_square)(&l1[i % LN_LANES], &l2[i % LN_LANES], LN_LOAD(x + i), c);
         if ((i + 1) % LN_BLOCK == 0 || i + 1 == d) {
             LN_FN(flush)(t1, l1);
             LN_FN(flush)(t2, l2);

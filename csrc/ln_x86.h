@@ -934,8 +934,8 @@ _Static_assert(LN_LANES % 16 == 0 && LN_BLOCK % LN_LANES == 0,
 
 /* ---- the forward's one-pass sums, 256-bit ----------------------------- */
 /*
- * sum_shifted_squares of ln_lane.h (ln_contract.h, item 5: x - shift into
- * one set of lanes, the squares of x - c into another) with sixteen lanes
+ * sum_shifted_squares of ln_lane.h (ln_contract.h, item 5: u = x - c into
+ * one set of lanes, the squares of u into another) with sixteen lanes
  * at a time in registers, as ln_back_sums_rows takes them: the part's
  * block lanes (four registers) and double totals (eight) never leave
  * them. The lane form kept all 32 lanes' totals on the stack, and its
@@ -1007,20 +1007,19 @@ static inline void ln_load16_first(const void *p, size_t n, int kind, __m256 v[2
 /* One lane row's sixteen elements of the part, v[0] and v[1]; without
  * shifted (a constant), the squares of v alone (c is 0 then, and v - 0
  * is v). */
-static inline void ln_stats_step16(ln_stats_part16 *p, const __m256 v[2], __m256 shift, __m256 c,
-                                   int shifted)
+static inline void ln_stats_step16(ln_stats_part16 *p, const __m256 v[2], __m256 c, int shifted)
 {
     if (!shifted) {
         p->q[0] = _mm256_fmadd_ps(v[0], v[0], p->q[0]);
         p->q[1] = _mm256_fmadd_ps(v[1], v[1], p->q[1]);
         return;
     }
-    /* v - c as fma(v, 1, -c), the same rounding, on the multiply-add
-     * units: the adders have the other four operations. */
+    /* v[1] - c as fma(v[1], 1, -c), the same rounding, on the
+     * multiply-add units: three operations on each kind of unit. */
     const __m256 one = _mm256_set1_ps(1.0f), nc = _mm256_sub_ps(_mm256_setzero_ps(), c);
-    __m256 u0 = _mm256_fmadd_ps(v[0], one, nc), u1 = _mm256_fmadd_ps(v[1], one, nc);
-    p->a[0] = _mm256_add_ps(p->a[0], _mm256_sub_ps(v[0], shift));
-    p->a[1] = _mm256_add_ps(p->a[1], _mm256_sub_ps(v[1], shift));
+    __m256 u0 = _mm256_sub_ps(v[0], c), u1 = _mm256_fmadd_ps(v[1], one, nc);
+    p->a[0] = _mm256_add_ps(p->a[0], u0);
+    p->a[1] = _mm256_add_ps(p->a[1], u1);
     p->q[0] = _mm256_fmadd_ps(u0, u0, p->q[0]);
     p->q[1] = _mm256_fmadd_ps(u1, u1, p->q[1]);
 }
@@ -1028,12 +1027,12 @@ static inline void ln_stats_step16(ln_stats_part16 *p, const __m256 v[2], __m256
 /* The partial lane row at the record's end (its first n <= 16 elements in
  * the part): lanes below n take their element, the others keep what they
  * had. */
-static inline void ln_stats_step16_first(ln_stats_part16 *p, const void *x, size_t n,
-                                         __m256 shift, __m256 c, int kind, int shifted)
+static inline void ln_stats_step16_first(ln_stats_part16 *p, const void *x, size_t n, __m256 c,
+                                         int kind, int shifted)
 {
     __m256 a[2] = {p->a[0], p->a[1]}, q[2] = {p->q[0], p->q[1]}, v[2];
     ln_load16_first(x, n, kind, v);
-    ln_stats_step16(p, v, shift, c, shifted);
+    ln_stats_step16(p, v, c, shifted);
     for (int r = 0; r < 2; r++) {
         int l0 = ln_part16_lane(kind, r, 0), l1 = ln_part16_lane(kind, r, 1);
         __m256i lane = _mm256_setr_epi32(l0, l0 + 1, l0 + 2, l0 + 3, l1, l1 + 1, l1 + 2, l1 + 3);
@@ -1103,7 +1102,7 @@ static inline void ln_stats_totals16(const ln_stats_part16 *p, int kind, int sec
  * one-pass sums, each part's block lanes flushed into its totals. */
 static inline __attribute__((always_inline)) void
 ln_stats_parts(ln_stats_part16 p[LN_STATS_PARTS], const char *xb, size_t d, size_t j0,
-               __m256 vs, __m256 vc, int kind, int shifted, int far)
+               __m256 vc, int kind, int shifted, int far)
 {
     const size_t es = kind == LN_ROWS_F32 ? 4 : 2;
     for (int k = 0; k < LN_STATS_PARTS; k++)
@@ -1116,12 +1115,12 @@ ln_stats_parts(ln_stats_part16 p[LN_STATS_PARTS], const char *xb, size_t d, size
             for (int k = 0; k < LN_STATS_PARTS; k++) {
                 __m256 v[2];
                 ln_load16(xb + (i + j0 + 16 * k) * es, kind, v);
-                ln_stats_step16(&p[k], v, vs, vc, shifted);
+                ln_stats_step16(&p[k], v, vc, shifted);
             }
         for (int k = 0; k < LN_STATS_PARTS; k++) {
             size_t j = i + j0 + 16 * k;
             if (j < end)
-                ln_stats_step16_first(&p[k], xb + j * es, end - j < 16 ? end - j : 16, vs, vc,
+                ln_stats_step16_first(&p[k], xb + j * es, end - j < 16 ? end - j : 16, vc,
                                       kind, shifted);
             ln_stats_flush16(&p[k], kind);
         }
@@ -1141,14 +1140,14 @@ ln_stats_parts(ln_stats_part16 p[LN_STATS_PARTS], const char *xb, size_t d, size
  * takes its parts one after the other and stores each one's totals: held
  * in registers through the second pass, they had made it 1.1x slower. */
 static inline __attribute__((always_inline)) void
-ln_shifted_squares_rows(const void *x, size_t d, float shift, float c, double *s1, double *s2,
-                        int kind, int shifted, int far)
+ln_shifted_squares_rows(const void *x, size_t d, float c, double *s1, double *s2, int kind,
+                        int shifted, int far)
 {
-    const __m256 vs = _mm256_set1_ps(shift), vc = _mm256_set1_ps(c);
+    const __m256 vc = _mm256_set1_ps(c);
     _Static_assert(LN_LANES == 32, "two parts of sixteen lanes");
 #if LN_STATS_PARTS == 2
     ln_stats_part16 p[2];
-    ln_stats_parts(p, x, d, 0, vs, vc, kind, shifted, far);
+    ln_stats_parts(p, x, d, 0, vc, kind, shifted, far);
     __m256d t[8];
     ln_stats_totals16(&p[0], kind, 1, t);
     ln_stats_totals16(&p[1], kind, 1, t + 4);
@@ -1163,7 +1162,7 @@ ln_shifted_squares_rows(const void *x, size_t d, float shift, float c, double *s
     for (size_t j0 = 0; j0 < LN_LANES; j0 += 16) {
         ln_stats_part16 p;
         __m256d t[4];
-        ln_stats_parts(&p, x, d, j0, vs, vc, kind, shifted, far);
+        ln_stats_parts(&p, x, d, j0, vc, kind, shifted, far);
         ln_stats_totals16(&p, kind, 0, t);
         for (int h = 0; h < 4 && shifted; h++)
             _mm256_storeu_pd(t1 + j0 + 4 * h, t[h]);
@@ -1178,33 +1177,33 @@ ln_shifted_squares_rows(const void *x, size_t d, float shift, float c, double *s
 }
 
 /* The level's hook (ln_lane.h's sum_shifted_squares and sum_squares): s1
- * NULL asks for the squares of x alone (shift and c 0). */
+ * NULL asks for the squares of x alone (c 0). */
 static inline __attribute__((always_inline)) void
-ln_shifted_squares_kind(const void *x, size_t d, float shift, float c, double *s1, double *s2,
-                        int kind, int far)
+ln_shifted_squares_kind(const void *x, size_t d, float c, double *s1, double *s2, int kind,
+                        int far)
 {
     if (s1)
-        ln_shifted_squares_rows(x, d, shift, c, s1, s2, kind, 1, far);
+        ln_shifted_squares_rows(x, d, c, s1, s2, kind, 1, far);
     else
-        ln_shifted_squares_rows(x, d, 0.0f, 0.0f, NULL, s2, kind, 0, far);
+        ln_shifted_squares_rows(x, d, 0.0f, NULL, s2, kind, 0, far);
 }
 
-static void ln_shifted_squares_f32(const float *x, size_t d, float shift, float c,
-                                   double *s1, double *s2, int far)
+static void ln_shifted_squares_f32(const float *x, size_t d, float c, double *s1, double *s2,
+                                   int far)
 {
-    ln_shifted_squares_kind(x, d, shift, c, s1, s2, LN_ROWS_F32, far);
+    ln_shifted_squares_kind(x, d, c, s1, s2, LN_ROWS_F32, far);
 }
 
-static void ln_shifted_squares_f16(const uint16_t *x, size_t d, float shift, float c,
-                                   double *s1, double *s2, int far)
+static void ln_shifted_squares_f16(const uint16_t *x, size_t d, float c, double *s1, double *s2,
+                                   int far)
 {
-    ln_shifted_squares_kind(x, d, shift, c, s1, s2, LN_ROWS_F16, far);
+    ln_shifted_squares_kind(x, d, c, s1, s2, LN_ROWS_F16, far);
 }
 
-static void ln_shifted_squares_bf16(const uint16_t *x, size_t d, float shift, float c,
-                                    double *s1, double *s2, int far)
+static void ln_shifted_squares_bf16(const uint16_t *x, size_t d, float c, double *s1, double *s2,
+                                    int far)
 {
-    ln_shifted_squares_kind(x, d, shift, c, s1, s2, LN_ROWS_BF16, far);
+    ln_shifted_squares_kind(x, d, c, s1, s2, LN_ROWS_BF16, far);
 }
 /*
  * The same for float64 rows, whose block lanes are double: sixteen lanes
@@ -1215,29 +1214,29 @@ static void ln_shifted_squares_bf16(const uint16_t *x, size_t d, float shift, fl
  * the inner loop: more than 40% of a float64 (64, 768) forward. The same
  * additions in the same order for every lane: the same bits.
  */
-static inline void ln_stats_step4d(__m256d *a, __m256d *q, __m256d v, __m256d shift, __m256d c)
+static inline void ln_stats_step4d(__m256d *a, __m256d *q, __m256d v, __m256d c)
 {
     __m256d u = _mm256_sub_pd(v, c);
-    *a = _mm256_add_pd(*a, _mm256_sub_pd(v, shift));
+    *a = _mm256_add_pd(*a, u);
     *q = _mm256_fmadd_pd(u, u, *q);
 }
 
 /* The first n < 4 elements at x into the first n lanes; the others keep
  * what they had. */
 static inline void ln_stats_step4d_first(__m256d *a, __m256d *q, const double *x, size_t n,
-                                         __m256d shift, __m256d c)
+                                         __m256d c)
 {
     __m256i take = ln_first4d(n);
     __m256d a0 = *a, q0 = *q, m = _mm256_castsi256_pd(take);
-    ln_stats_step4d(a, q, _mm256_maskload_pd(x, take), shift, c);
+    ln_stats_step4d(a, q, _mm256_maskload_pd(x, take), c);
     *a = _mm256_blendv_pd(a0, *a, m);
     *q = _mm256_blendv_pd(q0, *q, m);
 }
 
-static void ln_shifted_squares_f64(const double *x, size_t d, double shift, double c,
-                                   double *s1, double *s2, int far)
+static void ln_shifted_squares_f64(const double *x, size_t d, double c, double *s1, double *s2,
+                                   int far)
 {
-    const __m256d vs = _mm256_set1_pd(shift), vc = _mm256_set1_pd(c);
+    const __m256d vc = _mm256_set1_pd(c);
     double t1[LN_LANES], t2[LN_LANES];
     for (size_t j = 0; j < LN_LANES; j++)
         t1[j] = t2[j] = 0;
@@ -1251,13 +1250,13 @@ static void ln_shifted_squares_f64(const double *x, size_t d, double shift, doub
                 ln_prefetch_ahead(x, i * 8, (end - i) * 8, d * 8);
             for (; i + LN_LANES <= end; i += LN_LANES)
                 for (int h = 0; h < 4; h++)
-                    ln_stats_step4d(&a[h], &q[h], _mm256_loadu_pd(x + i + j0 + 4 * h), vs, vc);
+                    ln_stats_step4d(&a[h], &q[h], _mm256_loadu_pd(x + i + j0 + 4 * h), vc);
             for (int h = 0; h < 4; h++) { /* the block's partial lane row */
                 size_t k = i + j0 + 4 * (size_t)h;
                 if (k + 4 <= end)
-                    ln_stats_step4d(&a[h], &q[h], _mm256_loadu_pd(x + k), vs, vc);
+                    ln_stats_step4d(&a[h], &q[h], _mm256_loadu_pd(x + k), vc);
                 else if (k < end)
-                    ln_stats_step4d_first(&a[h], &q[h], x + k, end - k, vs, vc);
+                    ln_stats_step4d_first(&a[h], &q[h], x + k, end - k, vc);
             }
             for (int h = 0; h < 4; h++) {
                 double *p1 = t1 + j0 + 4 * h, *p2 = t2 + j0 + 4 * h;

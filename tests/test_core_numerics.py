@@ -92,6 +92,22 @@ def test_float64_relative_error_against_exact_arithmetic(offset, d):
         assert abs(var[i] - evar) <= 1e-13 * evar
 
 
+def test_float64_mean_of_long_records_is_shifted_near_the_mean():
+    """Records of more than 64 features shift their first pass by the mean
+    of their first 8 values (ln_contract.h, item 4), so the mean's rounding
+    is relative to |shift - mean|, about a third of a standard deviation,
+    not to |x[0] - mean|: on these 400 standard normal float64 records of
+    768 features its median error is 1.4e-17, its largest 1.7e-16; the
+    shift x[0] had given 3.2e-17 and 4.5e-16."""
+    rng = np.random.default_rng(768)
+    x = rng.standard_normal((400, 768))
+    mean = lnc.layer_norm(x, return_stats=True).mean
+    exact = np.array([float(sum(Fraction(v) for v in row.tolist()) / len(row)) for row in x])
+    err = np.abs(mean - exact)
+    assert np.median(err) <= 2e-17
+    assert np.max(err) <= 2e-16
+
+
 # ------------------------------------------------------------ float16
 
 @pytest.mark.parametrize("d", [2, 4, LANES + 1, 1000])
