@@ -949,7 +949,7 @@ _Static_assert(LN_LANES % 16 == 0 && LN_BLOCK % LN_LANES == 0,
 _Static_assert(LN_LANES % (16 * LN_STATS_PARTS) == 0, "whole parts of sixteen lanes");
 
 typedef struct {
-    __m256 a[2], q[2]; /* block lanes: sums of x - shift, of (x - c)^2 */
+    __m256 a[2], q[2]; /* block lanes: sums of u = x - c, of u^2 */
 #if LN_VEC_BYTES == 64
     __m512d t1[2], t2[2]; /* the double totals of a[r] and q[r]'s lanes */
 #else
