@@ -714,7 +714,7 @@ static double LN_FN(sum_squares)(const LN_S *x, size_t d, LN_T hi, LN_T lo, int 
 #if defined(LN_SHIFTED_SQUARES_ROWS)
     /* hi and lo 0 (RMSNorm's sums) in float: the centered values are x
      * itself (x - 0 is x), whose squares the level's loop sums in this
-     * order (no shifted sums: t1 NULL). float64's loop has no such mode:
+     * order (no shifted sums: s1 NULL). float64's loop has no such mode:
      * computing its shifted sums as well made (64, 768) 1.15x slower. */
     if (sizeof(LN_T) == sizeof(float) && hi == 0 && lo == 0) {
         double s;
