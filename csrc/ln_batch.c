@@ -232,17 +232,37 @@ static const void *ones(void *buf, ln_dtype t, size_t d)
     return buf;
 }
 
+/* |w[i]| of the compute type, in double (exact). */
+static inline double gain_abs(const void *w, ln_dtype t, size_t i)
+{
+    return fabs(t == LN_F64 ? ((const double *)w)[i] : (double)((const float *)w)[i]);
+}
+
 /* max |w| over d values of the compute type: the backward's bound on
  * |dy * w| (ln_back_fits), found once for a gain every record shares and
- * once per record for a staged per-record gain. */
+ * once per record for a staged per-record gain. GAIN_MAX_LANES running
+ * maxima, each skipping NaN as `a > m ? a : m` does, so that their largest
+ * is the one maximum's value: one chain of them had waited on each
+ * comparison, 3 cycles a value (a fifth of a (1, 768) float32 backward
+ * call). */
+#define GAIN_MAX_LANES 8
 static double gain_max(const void *w, ln_dtype t, size_t d)
 {
-    double m = 0.0;
-    for (size_t i = 0; i < d; i++) {
-        double a = fabs(t == LN_F64 ? ((const double *)w)[i] : (double)((const float *)w)[i]);
-        m = a > m ? a : m;
+    double m[GAIN_MAX_LANES] = {0};
+    size_t i = 0;
+    for (; i + GAIN_MAX_LANES <= d; i += GAIN_MAX_LANES)
+        for (size_t j = 0; j < GAIN_MAX_LANES; j++) {
+            double a = gain_abs(w, t, i + j);
+            m[j] = a > m[j] ? a : m[j];
+        }
+    for (; i < d; i++) {
+        double a = gain_abs(w, t, i);
+        m[0] = a > m[0] ? a : m[0];
     }
-    return m;
+    double r = 0.0;
+    for (size_t j = 0; j < GAIN_MAX_LANES; j++)
+        r = m[j] > r ? m[j] : r;
+    return r;
 }
 
 /* Set up a zeroed worker: scratch rows, sums, fixed parameters. On
