@@ -672,6 +672,20 @@ static inline void ln_back_step8_first(ln_back_lanes8 *s, __m256 *mdy, __m256 *m
     *mt = _mm256_blendv_ps(nt, *mt, keep);
 }
 
+/* Four float lanes, widened, added to their double totals. */
+static inline __m256d ln_add_widened4(__m256d t, __m128 v)
+{
+    return _mm256_add_pd(t, _mm256_cvtps_pd(v));
+}
+
+#if LN_VEC_BYTES == 64
+/* Eight float lanes, widened at once, added to their double totals. */
+static inline __m512d ln_add_widened8(__m512d t, __m256 v)
+{
+    return _mm512_add_pd(t, _mm512_cvtps_pd(v));
+}
+#endif
+
 /* The double totals of a part's sixteen lanes of each sum (its halves
  * h = 0, 1 of eight). At the AVX-512 level they stay in registers and
  * each block's lanes are widened eight at a time, as the forward's one
@@ -698,7 +712,7 @@ static inline void ln_back_totals_at(ln_back_totals16 *t, double tot[4][LN_LANES
 static inline void ln_back_flush8(ln_back_totals16 *t, int h, const ln_back_lanes8 *s)
 {
     for (int q = 0; q < 4; q++)
-        t->t[q][h] = _mm512_add_pd(t->t[q][h], _mm512_cvtps_pd(s->l[q]));
+        t->t[q][h] = ln_add_widened8(t->t[q][h], s->l[q]);
 }
 
 /* The part's totals into lanes j0 .. j0 + 15 of tot. */
@@ -728,10 +742,9 @@ static inline void ln_back_flush8(ln_back_totals16 *t, int h, const ln_back_lane
 {
     for (int q = 0; q < 4; q++) {
         double *p = t->tot[q] + t->j0 + 8 * (size_t)h;
-        __m256d lo = _mm256_cvtps_pd(_mm256_castps256_ps128(s->l[q]));
-        __m256d hi = _mm256_cvtps_pd(_mm256_extractf128_ps(s->l[q], 1));
-        _mm256_storeu_pd(p, _mm256_add_pd(_mm256_loadu_pd(p), lo));
-        _mm256_storeu_pd(p + 4, _mm256_add_pd(_mm256_loadu_pd(p + 4), hi));
+        _mm256_storeu_pd(p, ln_add_widened4(_mm256_loadu_pd(p), _mm256_castps256_ps128(s->l[q])));
+        _mm256_storeu_pd(p + 4,
+                         ln_add_widened4(_mm256_loadu_pd(p + 4), _mm256_extractf128_ps(s->l[q], 1)));
     }
 }
 
@@ -1105,11 +1118,6 @@ static inline void ln_stats_step16_first(ln_stats_part16 *p, const void *x, size
     }
 }
 
-/* Four float lanes, widened, added to their double totals. */
-static inline __m256d ln_add_widened4(__m256d t, __m128 v)
-{
-    return _mm256_add_pd(t, _mm256_cvtps_pd(v));
-}
 
 /* End of a block: the block lanes into the double totals, then cleared.
  * AVX-512 widens a register's eight lanes at once (no extraction of its
@@ -1119,8 +1127,8 @@ static inline void ln_stats_flush16(ln_stats_part16 *p, int kind)
     (void)kind;
     for (int r = 0; r < 2; r++) {
 #if LN_VEC_BYTES == 64
-        p->t1[r] = _mm512_add_pd(p->t1[r], _mm512_cvtps_pd(p->a[r]));
-        p->t2[r] = _mm512_add_pd(p->t2[r], _mm512_cvtps_pd(p->q[r]));
+        p->t1[r] = ln_add_widened8(p->t1[r], p->a[r]);
+        p->t2[r] = ln_add_widened8(p->t2[r], p->q[r]);
 #else
         int i0 = ln_part16_lane(kind, r, 0) / 4, i1 = ln_part16_lane(kind, r, 1) / 4;
         p->t1[i0] = ln_add_widened4(p->t1[i0], _mm256_castps256_ps128(p->a[r]));
@@ -1873,9 +1881,10 @@ static inline void ln_deposit2_8(__m512i s[3], __m512d v)
  * double: a * b is exact in double (48 significant bits at most, the
  * assertion above, and an exponent between -298 and 256, inside double's
  * normal range), so fma(a, b, C) rounds v + C once, as the add does: the
- * same integers, one multiply fewer. One thread, time vs the multiply, both orders: float32 backward
- * (64, 768) 0.95-0.99x, (4096, 768) 0.96x, (4096, 1024) 0.97-1.01x;
- * float16 (64, 768) 0.94-0.98x; AVX2 level float32 0.98-0.99x. */
+ * same integers, one multiply fewer. One thread, time vs the multiply,
+ * both orders: float32 backward (64, 768) 0.95-0.99x, (4096, 768) 0.96x,
+ * (4096, 1024) 0.97-1.01x; float16 (64, 768) 0.94-0.98x; AVX2 level
+ * float32 0.98-0.99x. */
 static inline void ln_deposit2_product8(__m512i s[3], __m512d a, __m512d b)
 {
     __m512d t = _mm512_fmadd_pd(a, b, _mm512_set1_pd(LN_ACC_C1));
