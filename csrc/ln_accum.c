@@ -125,6 +125,22 @@ void ln_acc_deposit_one(ln_acc *a, size_t j, double v)
     }
 }
 
+/* Can src's level sums be added to dst's as they are? Neither spilled,
+ * and the deposits of both together no more than a spill allows, so
+ * that each level's integer sum stays exact in 63 bits. dst then stays
+ * unspilled, and ln_acc_value reads it by its quick path: a threaded call
+ * of a few workers' records ((64, 768) float32 backward, two threads) had
+ * spent a sixth of its time rounding 128-bit totals after the spills. */
+static int sums_fit(const ln_acc *dst, const ln_acc *src)
+{
+    if (dst->spilled || src->spilled)
+        return 0;
+    for (int l = 0; l < LN_ACC_LEVELS; l++)
+        if (dst->count[l] + src->count[l] > LN_ACC_SPILL)
+            return 0;
+    return 1;
+}
+
 void ln_acc_merge(ln_acc *dst, ln_acc *src)
 {
     if (!dst->used && dst->d == src->d) {
@@ -136,11 +152,22 @@ void ln_acc_merge(ln_acc *dst, ln_acc *src)
     }
     dst->used = 1;
     dst->plain |= src->plain;
-    ln_acc_spill(src);
-    totals_ready(dst);
+    if (sums_fit(dst, src)) {
+        /* sum - count * bits(C) of the two is the sum of theirs */
+        for (int l = 0; l < LN_ACC_LEVELS; l++) {
+            for (size_t j = 0; j < dst->d; j++)
+                dst->sum[l][j] += src->sum[l][j];
+            dst->count[l] += src->count[l];
+        }
+    } else {
+        ln_acc_spill(src);
+        totals_ready(dst);
+        for (size_t j = 0; j < dst->d; j++)
+            for (int l = 0; l < LN_ACC_LEVELS && src->spilled; l++)
+                add_i128_i128(&dst->total[j * LN_ACC_LEVELS + l],
+                              src->total[j * LN_ACC_LEVELS + l]);
+    }
     for (size_t j = 0; j < dst->d; j++) {
-        for (int l = 0; l < LN_ACC_LEVELS && src->spilled; l++)
-            add_i128_i128(&dst->total[j * LN_ACC_LEVELS + l], src->total[j * LN_ACC_LEVELS + l]);
         dst->flags[j] |= src->flags[j];
         dst->huge[j] += src->huge[j];
     }
