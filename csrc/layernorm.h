@@ -202,7 +202,9 @@ extern int ln_cpu_bf16_convert;
  * record). Small batches run on the calling thread. */
 int ln_batch_run(const ln_kernels *k, const ln_job *job, int n_threads);
 
-/* Bytes of work below which ln_batch_run never starts threads. */
+/* Bytes of input (x) below which ln_batch_run never starts threads: a
+ * backward call's threshold, the smaller one (a forward starts them from
+ * 2 MiB). */
 size_t ln_thread_threshold(void);
 
 #endif /* LAYERNORM_H */

@@ -89,7 +89,12 @@ def set_num_threads(n: int) -> None:
 
 
 def thread_threshold() -> int:
-    """Input size in bytes below which a call never starts threads."""
+    """Input size in bytes below which a call never starts threads.
+
+    That is a backward call's threshold (768 KiB of ``x``), which does
+    several times the forward's work per byte; a forward call starts
+    threads from 2 MiB.
+    """
     return _core.thread_threshold()
 
 

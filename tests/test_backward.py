@@ -613,6 +613,41 @@ def test_groups_in_the_caches_write_dx_and_deposit_together(d, restore_settings)
     _assert_groups_match_scalar(37, d, 43, constant=True)
 
 
+@pytest.mark.parametrize("dtype, n", [(F32, 264), (F16, 528)], ids=str)
+def test_small_threaded_call_merges_its_workers_sums(dtype, n, restore_settings):
+    """A backward call just above thread_threshold() runs on two threads,
+    whose sums, never spilled, are merged by adding their level sums: a
+    record of three levels in one worker's part only, and float16's dbias
+    off the lowest level (no NaN record: its scalar deposits spill, and the
+    merge adds 128-bit totals instead); every bit as one thread's and the
+    scalar level's, and dbias the exact sum rounded once."""
+    from fractions import Fraction
+    d = 768
+    rng = np.random.default_rng(61)
+    x = (rng.standard_normal((n, d)) * 2 + 1).astype(dtype)
+    dy = rng.standard_normal((n, d)).astype(dtype)
+    dy[3] *= 1e4 if dtype == F16 else 1e5  # terms of 2^13 and more: three levels
+    w = rng.uniform(0.5, 2, d).astype(dtype)
+    assert x.nbytes >= lnc.thread_threshold()
+    lnc.set_isa("scalar")
+    lnc.set_num_threads(1)
+    want = lnc.layer_norm_backward(dy, x, w)
+    for isa in lnc.supported_isas():
+        lnc.set_isa(isa)
+        for threads in (1, 2, 3):
+            lnc.set_num_threads(threads)
+            # a worker that wakes late takes no chunk (and merges nothing):
+            # several calls, so that some have two workers' sums to merge
+            for _ in range(1 if threads == 1 else 12):
+                g = lnc.layer_norm_backward(dy, x, w)
+                for name, u, v in zip(g._fields, g, want):
+                    assert_same_bits(u, v, f"{name} ({isa}, {threads} threads)")
+    bits = np.finfo(want.dbias.dtype).nmant + 1  # float16's sums come as float32
+    for j in (0, 7, 500, 767):
+        exact = sum(Fraction(float(t)) for t in dy[:, j])
+        assert float(want.dbias[j]) == _round_to_bits(exact, bits), j
+
+
 def _round_to_bits(v, bits):
     """A Fraction rounded once to nearest even to `bits` significant bits."""
     from fractions import Fraction
