@@ -38,6 +38,12 @@
 #define LN_BACK_THREAD_MIN_BYTES ((size_t)384 << 10)
 #define LN_BACK_CHUNK_BYTES ((size_t)32 << 10)
 #define LN_BACK_CHUNK_ROWS 8
+/* ... and only for LN_BACK_THREAD_MIN_ROWS records a thread: each worker
+ * has sums of its own for every feature (about 70 bytes a feature),
+ * allocated, zeroed and merged. With a few long records that had cost
+ * more than it gained: float32 (8, 65536) took 3.1x the time on two
+ * threads, (16, 16384) 1.09x. */
+#define LN_BACK_THREAD_MIN_ROWS 24
 
 /* Outputs at least this large are written with streaming stores (the
  * kernels then stream only records that pay for it, ln_lane.h's
@@ -520,27 +526,31 @@ static int worker_run(void *vctx, void *state, size_t begin, size_t end)
 
 /* ---- the batch -------------------------------------------------------- */
 
-/* How many threads this batch deserves: never more than the rows, and
- * only one per min_bytes of input. */
-static size_t plan_threads(const ln_job *job, int n_threads, size_t min_bytes)
+/* How many threads this batch deserves: only one per min_rows records
+ * (at least one) and per min_bytes of input. */
+static size_t plan_threads(const ln_job *job, int n_threads, size_t min_bytes, size_t min_rows)
 {
     size_t bytes = job->n_rows * job->d * ln_dtype_size(job->dtype);
     size_t n = n_threads < 1 ? 1 : (size_t)n_threads;
-    if (n > job->n_rows)
-        n = job->n_rows;
+    if (n > job->n_rows / min_rows)
+        n = job->n_rows / min_rows;
     if (n > bytes / min_bytes)
         n = bytes / min_bytes;
     return n < 1 ? 1 : n;
 }
 
 /* Records per chunk a worker takes: about LN_CHUNK_BYTES of rows, or a
- * backward's smaller chunks in whole groups. */
-static size_t chunk_rows(size_t row_bytes, int backward)
+ * backward's smaller chunks in whole groups, but never so many that
+ * fewer chunks than threads remain (a few long records: (8, 65536)). */
+static size_t chunk_rows(size_t row_bytes, int backward, size_t n_rows, size_t threads)
 {
     size_t bytes = backward ? LN_BACK_CHUNK_BYTES : LN_CHUNK_BYTES;
     size_t rows = row_bytes >= bytes ? 1 : bytes / row_bytes;
-    if (backward)
+    if (backward) {
         rows = (rows + LN_BACK_CHUNK_ROWS - 1) / LN_BACK_CHUNK_ROWS * LN_BACK_CHUNK_ROWS;
+        if (threads > 1 && rows > n_rows / threads)
+            rows = n_rows / threads > 0 ? n_rows / threads : 1;
+    }
     return rows;
 }
 
@@ -599,9 +609,10 @@ int ln_batch_run(const ln_kernels *k, const ln_job *job, int n_threads)
         .worse = worse,
     };
     int backward = info->reads_dy;
-    size_t chunk = chunk_rows(row_bytes, backward);
-    size_t threads = plan_threads(job, n_threads,
-                                  backward ? LN_BACK_THREAD_MIN_BYTES : LN_THREAD_MIN_BYTES);
+    size_t threads = backward ? plan_threads(job, n_threads, LN_BACK_THREAD_MIN_BYTES,
+                                             LN_BACK_THREAD_MIN_ROWS)
+                              : plan_threads(job, n_threads, LN_THREAD_MIN_BYTES, 1);
+    size_t chunk = chunk_rows(row_bytes, backward, job->n_rows, threads);
     if (threads > 1)
         return ln_parallel_for(job->n_rows, chunk, threads, &task);
     /* One thread: the pool's steps with the worker on the stack (a
