@@ -540,17 +540,18 @@ static size_t plan_threads(const ln_job *job, int n_threads, size_t min_bytes, s
 }
 
 /* Records per chunk a worker takes: about LN_CHUNK_BYTES of rows, or a
- * backward's smaller chunks in whole groups, but never so many that
- * fewer chunks than threads remain (a few long records: (8, 65536)). */
-static size_t chunk_rows(size_t row_bytes, int backward, size_t n_rows, size_t threads)
+ * backward's smaller chunks in whole groups. A threaded backward has at
+ * least LN_BACK_THREAD_MIN_ROWS records and LN_BACK_THREAD_MIN_BYTES a
+ * thread, so each thread has at least two such chunks to take. */
+_Static_assert(LN_BACK_CHUNK_ROWS <= LN_BACK_THREAD_MIN_ROWS / 2 &&
+                   LN_BACK_CHUNK_BYTES <= LN_BACK_THREAD_MIN_BYTES / 2,
+               "a threaded backward has at least two chunks a thread");
+static size_t chunk_rows(size_t row_bytes, int backward)
 {
     size_t bytes = backward ? LN_BACK_CHUNK_BYTES : LN_CHUNK_BYTES;
     size_t rows = row_bytes >= bytes ? 1 : bytes / row_bytes;
-    if (backward) {
+    if (backward)
         rows = (rows + LN_BACK_CHUNK_ROWS - 1) / LN_BACK_CHUNK_ROWS * LN_BACK_CHUNK_ROWS;
-        if (threads > 1 && rows > n_rows / threads)
-            rows = n_rows / threads > 0 ? n_rows / threads : 1;
-    }
     return rows;
 }
 
@@ -612,7 +613,7 @@ int ln_batch_run(const ln_kernels *k, const ln_job *job, int n_threads)
     size_t threads = backward ? plan_threads(job, n_threads, LN_BACK_THREAD_MIN_BYTES,
                                              LN_BACK_THREAD_MIN_ROWS)
                               : plan_threads(job, n_threads, LN_THREAD_MIN_BYTES, 1);
-    size_t chunk = chunk_rows(row_bytes, backward, job->n_rows, threads);
+    size_t chunk = chunk_rows(row_bytes, backward);
     if (threads > 1)
         return ln_parallel_for(job->n_rows, chunk, threads, &task);
     /* One thread: the pool's steps with the worker on the stack (a
