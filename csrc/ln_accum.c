@@ -296,9 +296,17 @@ static double round_to_bits(const u256 *m, int scale, int bits)
  * more, to float: the same as rounding the exact value once, unless the
  * first rounding landed on a point halfway between two floats (rounding
  * to nearest is monotone and those points are doubles, so the exact value
- * lies on the same side of every other one). Those sums, and larger T1,
- * are left to the caller's exact path: the result is nonzero for them
- * (*out then meaningless), 0 when *out is the sum.
+ * lies on the same side of every other one). With `ties` (a constant
+ * where it is inlined), a sum on such a point that is exact (A + B - A ==
+ * B: |A| >= 2^50 > |B| unless A is 0, so that difference is exact) is a
+ * true tie, rounded to even; an inexact one, every one without `ties`,
+ * and larger T1 are left to the caller's exact path: the result is
+ * nonzero for them (*out then meaningless), 0 when *out is the sum. Ties
+ * are common in a call of a few records (two float32 terms of one binade
+ * make one a coin toss), where they had sent a quarter of the float32
+ * sums of a (4, 16384) backward to the 128-bit exact path; the vector
+ * loop over all features (quick_values) leaves them to the scalar call
+ * with `ties`, which costs it nothing where there are none.
  *
  * Written without branches, 64-bit integer conversions or 64-bit
  * compares, so that ln_acc_value's loop over the features vectorizes
@@ -310,7 +318,7 @@ static double round_to_bits(const u256 *m, int scale, int bits)
 #if defined(__GNUC__) || defined(__clang__)
 __attribute__((always_inline))
 #endif
-static inline uint64_t double_value(uint64_t t1, uint64_t t2, int bits, double *out)
+static inline uint64_t double_value(uint64_t t1, uint64_t t2, int bits, int ties, double *out)
 {
     const uint64_t unit = (uint64_t)1 << LN_ACC_WIDTH, sign = (uint64_t)1 << 13;
     const uint64_t below = ((uint64_t)1 << (53 - 24)) - 1, half = (below >> 1) + 1;
@@ -323,12 +331,17 @@ static inline uint64_t double_value(uint64_t t1, uint64_t t2, int bits, double *
     double hi, lo;
     memcpy(&hi, &hi_bits, sizeof hi);
     memcpy(&lo, &lo_bits, sizeof lo);
-    double sum = (hi - 0x1.8p52) * pow2(LN_ACC_WIDTH) + (lo - 0x1p52);
+    double a = (hi - 0x1.8p52) * pow2(LN_ACC_WIDTH), b = lo - 0x1p52, sum = a + b;
     uint64_t no = (t1 + carry + ((uint64_t)1 << 51)) >> 52; /* |T1 + carry| >= 2^51 */
     if (bits == 24) {
         uint64_t u = ln_acc_bits(sum);
-        no |= (((u & below) ^ half) - 1) >> 63; /* halfway */
-        u = (u + half) & ~below;
+        uint64_t halfway = (((u & below) ^ half) - 1) >> 63;
+        uint64_t off = ln_acc_bits(sum - a) ^ ln_acc_bits(b); /* 0 when sum is exact */
+        no |= halfway & (ties ? (off | (0 - off)) >> 63 : 1);
+        /* to nearest, ties to even: half - 1, and 1 more when the last
+         * kept bit is odd, carries out of the dropped bits (without
+         * `ties`, no tie gets here: half up is the same) */
+        u = (u + (ties ? (half - 1) + ((u >> (53 - 24)) & 1) : half)) & ~below;
         memcpy(&sum, &u, sizeof sum);
     }
     *out = sum * pow2(LN_ACC_TOP_EXP - LN_ACC_WIDTH * (LN_ACC_LEVELS - 1));
@@ -348,7 +361,7 @@ static int small_value(const ln_i128 *t, int bits, double *out)
         if (t[l].hi != ((int64_t)t[l].lo < 0 ? -1 : 0))
             return 0;
     double quick;
-    if ((bits == 53 || bits == 24) && !double_value(t[1].lo, t[2].lo, bits, &quick)) {
+    if ((bits == 53 || bits == 24) && !double_value(t[1].lo, t[2].lo, bits, 1, &quick)) {
         *out = quick;
         return 1;
     }
@@ -427,7 +440,7 @@ static int unspilled_value(const ln_acc *a, size_t j, const uint64_t base[LN_ACC
     if (a->spilled || a->sum[0][j] != base[0])
         return 0;
     return (bits == 53 || bits == 24) &&
-           !double_value(a->sum[1][j] - base[1], a->sum[2][j] - base[2], bits, out);
+           !double_value(a->sum[1][j] - base[1], a->sum[2][j] - base[2], bits, 1, out);
 }
 
 /* double_value for the features [j0, j0 + n) of an accumulator never
@@ -447,7 +460,7 @@ static inline void quick_values(const ln_acc *a, size_t j0, size_t n,
     const uint64_t *s0 = a->sum[0] + j0, *s1 = a->sum[1] + j0, *s2 = a->sum[2] + j0;
     const uint64_t b0 = base[0], b1 = base[1], b2 = base[2];
     for (size_t j = 0; j < n; j++)
-        bad[j] = double_value(s1[j] - b1, s2[j] - b2, bits, &out[j]) | (s0[j] - b0);
+        bad[j] = double_value(s1[j] - b1, s2[j] - b2, bits, 0, &out[j]) | (s0[j] - b0);
 }
 
 /* quick_values for each rounding, as functions of their own: on x86-64
