@@ -1065,10 +1065,14 @@ static PyObject *acc_state(ln_acc *acc, size_t d)
 
 /* The sums of recent backward calls, kept for the next ones: a call of a
  * few records would otherwise allocate, zero and fault in fresh pages
- * for them every time (a (1, 4096) call spent most of its 200 us there).
- * Taken and given back with the GIL held (a job releases it only in
- * between); at most two, of at most KEEP_FEATURES features each. */
-#define KEEP_FEATURES 16384
+ * for them every time (a (1, 4096) call spent most of its 200 us there;
+ * (1, 65536) float32 took 4.4 ms, 9x torch's backward, before they were
+ * kept for that many features). Taken and given back with the GIL held
+ * (a job releases it only in between); at most two, of at most
+ * KEEP_FEATURES features each: 81 bytes a feature each, 10.6 MB of
+ * address space at most, of which a call of fewer than 2048 records
+ * touches 16-40 bytes a feature. */
+#define KEEP_FEATURES 65536
 static ln_acc g_kept[2];
 static int g_n_kept;
 

@@ -98,13 +98,18 @@ typedef struct {
                                         * sums in `huge`, in record order */
     int used;                          /* anything deposited, merged or imported:
                                         * while 0 the sums are all zero */
+    int scalar;                        /* flags or huge may be nonzero (while 0
+                                        * and not plain, ln_acc_clear leaves them) */
 } ln_acc;
 
 /* Allocate and zero (0, or -1 without memory); free. */
 int ln_acc_init(ln_acc *a, size_t d);
 void ln_acc_free(ln_acc *a);
 
-/* Zero an allocated accumulator again, for reuse with the same d. */
+/* Zero an allocated accumulator again, for reuse with the same d: only
+ * the level sums that hold deposits (count nonzero), and the flags and
+ * huge sums once used (a call of a few records clears two levels, not
+ * everything: (1, 16384) float32 backward, a sixth of its time). */
 void ln_acc_clear(ln_acc *a);
 
 /* Move the level sums into the totals (call when a count reaches

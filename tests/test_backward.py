@@ -812,6 +812,46 @@ def test_exact_sum_huge_terms():
     assert g.dbias[0] == 0.0 and g.dbias[1] == 3.0
 
 
+@pytest.mark.parametrize("d", [768, 16385, 65536])
+def test_sums_kept_between_calls_start_clean(d):
+    """The module keeps a call's sums for the next call of the same d and
+    clears only what a call used: after calls with NaN, infinite and huge
+    terms, terms on the top level and the plain float64 baseline, a clean
+    call gives the bits it gave before them."""
+    from layernorm_c import _core
+    rng = np.random.default_rng(d)
+    x = rng.standard_normal((3, d)).astype(np.float32)
+    dy = rng.standard_normal((3, d)).astype(np.float32)
+    w = (1 + 0.1 * rng.standard_normal(d)).astype(np.float32)
+
+    def clean():
+        return [*lnc.layer_norm_backward(dy, x, w), *lnc.rms_norm_backward(dy, x, w)]
+
+    def same(got, want):
+        for k, (g, e) in enumerate(zip(got, want)):
+            assert_same_bits(g, e, what=f"result {k}")
+
+    before = clean()
+    dirty = []
+    for value in (np.nan, np.inf, -np.inf, 1e30, 3e4):  # 3e4 * xhat: the top level
+        bad = dy.copy()
+        bad[1, ::7] = value
+        dirty.append(bad)
+    bad = dy.copy()
+    bad[1, ::7], bad[2, ::7] = 2e19, -2e19  # huge sums of 0: what they held shows
+    dirty.append(bad)
+    def run(bad):
+        return [*lnc.layer_norm_backward(bad, x, w), *lnc.rms_norm_backward(bad, x, w)]
+
+    first = []
+    for bad in dirty:
+        first.append(run(bad))
+        same(clean(), before)
+    _core._backward(dy * 1e6, x, w, 1e-5, None, 2)  # plain sums, in the huge sums' place
+    for bad, want in reversed(list(zip(dirty, first))):  # the huge sums first
+        same(run(bad), want)
+        same(clean(), before)
+
 # ------------------------------------------------------------ errors, ufunc
 
 def test_errors_name_the_argument():
