@@ -1118,6 +1118,20 @@ static int LN_OPS(back_short_rows)(const ln_rows *r, int rms)
 }
 #endif
 
+#if defined(LN_BACK_GROUP_LOOP)
+_Static_assert(LN_BACK_ALIASED_GROUP >= 1 && LN_BACK_ALIASED_GROUP <= LN_BACK_GROUP,
+               "a group of aliased rows is a smaller group");
+/* Records a group takes: fewer for long rows a multiple of 4 KiB apart
+ * (ln_x86.h's LN_BACK_ALIASED_GROUP). Any grouping gives the same bits. */
+static size_t LN_OPS(back_group_size)(const ln_rows *r)
+{
+    size_t row = (size_t)(r->x_row < 0 ? -r->x_row : r->x_row);
+    if (r->d * sizeof(LN_S) >= LN_BACK_ALIASED_ROW_MIN && row % 4096 == 0)
+        return LN_BACK_ALIASED_GROUP;
+    return LN_BACK_GROUP;
+}
+#endif
+
 static int LN_OPS(back_all)(const ln_rows *r, int rms)
 {
 #if defined(LN_HAS_SHORT_ROWS)
@@ -1127,7 +1141,7 @@ static int LN_OPS(back_all)(const ln_rows *r, int rms)
     int status = LN_OK;
     double w_max = r->w_max; /* the batch layer's bound on |w| */
 #if defined(LN_BACK_GROUP_LOOP)
-    size_t group = LN_BACK_GROUP; /* records in the caches are grouped too (back_finish) */
+    size_t group = LN_OPS(back_group_size)(r); /* records in the caches too (back_finish) */
 #else
     size_t group = r->d > LN_BACK_CHUNK ? LN_BACK_GROUP : 1;
 #endif

@@ -2193,6 +2193,23 @@ static inline float ln_group_get(const void *row, size_t i, int kind)
 #else
 #define LN_GROUP_STEP 8 /* AVX2's 16 registers hold one set of sums */
 #endif
+
+/* Records a group of long rows takes when they lie a multiple of 4 KiB
+ * apart (ln_ops.h's back_group_size). At the AVX2 level, eight such rows
+ * meet in one L1 set with each step's lines of x, dy and dx (from 64 KiB
+ * apart, in one L2 set too): four at a time, float32 one thread, (256,
+ * 4096) 0.76-0.79x the time, (512, 4096) 0.91x, (16384, 4096) 0.90x,
+ * (64, 16384) 0.77x, (16, 65536) 0.79x; float16 (128, 8192) 0.90x, (32,
+ * 32768) 0.87x. Rows of less than 16 KiB lost by it ((1024, 1024) 1.08x,
+ * (2048, 2048) 1.04x, float16 (256, 4096) 1.07x). The AVX-512 level
+ * keeps eight: its sixteen-feature steps are its answer to those sets,
+ * and it was not measured. */
+#if LN_VEC_BYTES == 64
+#define LN_BACK_ALIASED_GROUP 8
+#else
+#define LN_BACK_ALIASED_GROUP 4
+#endif
+#define LN_BACK_ALIASED_ROW_MIN 16384
 _Static_assert(LN_GROUP_STEP % 8 == 0 && 16 % LN_GROUP_STEP == 0,
                "a step is whole sets of eight features, at most one ask for the next group");
 
