@@ -1071,7 +1071,7 @@ static PyObject *acc_state(ln_acc *acc, size_t d)
  * (a job releases it only in between); at most two, of at most
  * KEEP_FEATURES features each: 81 bytes a feature each, 10.6 MB of
  * address space at most, of which a call of fewer than 2048 records
- * touches 16-40 bytes a feature. */
+ * touches 16-33 bytes a feature (a larger one spills into 48 more). */
 #define KEEP_FEATURES 65536
 static ln_acc g_kept[2];
 static int g_n_kept;
