@@ -1291,16 +1291,7 @@ static PyObject *acc_values(ln_acc *acc, size_t d, ln_dtype ct)
         ln_acc_value(acc, (double *)PyArray_DATA((PyArrayObject *)out), 53);
         return out;
     }
-    double *v = PyMem_Malloc((d ? d : 1) * sizeof *v);
-    if (v == NULL) {
-        Py_DECREF(out);
-        return PyErr_NoMemory();
-    }
-    ln_acc_value(acc, v, 24); /* 24 bits: exact as a float */
-    float *f = (float *)PyArray_DATA((PyArrayObject *)out);
-    for (size_t j = 0; j < d; j++)
-        f[j] = (float)v[j];
-    PyMem_Free(v);
+    ln_acc_value_float(acc, (float *)PyArray_DATA((PyArrayObject *)out));
     return out;
 }
 

@@ -161,6 +161,9 @@ void ln_acc_merge(ln_acc *dst, ln_acc *src);
  * 53 for double results, 24 for float ones (then exact as a float). */
 void ln_acc_value(ln_acc *a, double *out, int bits);
 
+/* The same rounded to 24 bits, stored as floats (exactly). */
+void ln_acc_value_float(ln_acc *a, float *out);
+
 /* The state as LN_ACC_STATE_WORDS 64-bit words per feature (the levels'
  * exact totals, as a spill would leave them; a is not changed), and back:
  * what the Python layer keeps and merges. The words
