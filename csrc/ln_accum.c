@@ -536,16 +536,7 @@ static void values_into(ln_acc *a, double *out, float *fout, int bits)
     /* Read without a spill: a call of a few records writes no totals. */
     uint64_t base[LN_ACC_LEVELS];
     level_bases(a, base);
-    if (a->spilled || a->plain || (bits != 53 && bits != 24)) {
-        for (size_t j = 0; j < a->d; j++) {
-            double v = feature_value(a, j, base, bits);
-            if (fout)
-                fout[j] = (float)v;
-            else
-                out[j] = v;
-        }
-        return;
-    }
+    int quick = !a->spilled && !a->plain && (bits == 53 || bits == 24);
     /* Into arrays of this frame, which nothing else can point into: a
      * loop storing into `out` had been checked for overlaps with the
      * sums at run time, and run scalar. One loop per rounding (bits a
@@ -554,19 +545,24 @@ static void values_into(ln_acc *a, double *out, float *fout, int bits)
     uint64_t bad[LN_QUICK_CHUNK];
     for (size_t j0 = 0; j0 < a->d; j0 += LN_QUICK_CHUNK) {
         size_t n = a->d - j0 < LN_QUICK_CHUNK ? a->d - j0 : LN_QUICK_CHUNK;
-        if (bits == 53)
-            quick_values_53(a, j0, n, base, val, bad);
-        else
-            quick_values_24(a, j0, n, base, val, bad);
-        /* Most chunks need no general path: one vector pass finds that,
-         * where the choice element by element took a fifth of a (1, 768)
-         * float32 backward call. */
-        uint64_t any = 0;
-        for (size_t j = 0; j < n; j++)
-            any |= bad[j] | a->flags[j0 + j];
-        for (size_t j = 0; any && j < n; j++)
-            if (bad[j] | a->flags[j0 + j])
+        if (!quick) {
+            for (size_t j = 0; j < n; j++)
                 val[j] = feature_value(a, j0 + j, base, bits);
+        } else {
+            if (bits == 53)
+                quick_values_53(a, j0, n, base, val, bad);
+            else
+                quick_values_24(a, j0, n, base, val, bad);
+            /* Most chunks need no general path: one vector pass finds
+             * that, where the choice element by element took a fifth of a
+             * (1, 768) float32 backward call. */
+            uint64_t any = 0;
+            for (size_t j = 0; j < n; j++)
+                any |= bad[j] | a->flags[j0 + j];
+            for (size_t j = 0; any && j < n; j++)
+                if (bad[j] | a->flags[j0 + j])
+                    val[j] = feature_value(a, j0 + j, base, bits);
+        }
         if (fout) {
             for (size_t j = 0; j < n; j++)
                 fout[j0 + j] = (float)val[j];
