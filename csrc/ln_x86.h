@@ -2193,6 +2193,8 @@ static inline float ln_group_get(const void *row, size_t i, int kind)
 #else
 #define LN_GROUP_STEP 8 /* AVX2's 16 registers hold one set of sums */
 #endif
+_Static_assert(LN_GROUP_STEP % 8 == 0 && 16 % LN_GROUP_STEP == 0,
+               "a step is whole sets of eight features, at most one ask for the next group");
 
 /* Records a group of long rows takes when they lie a multiple of 4 KiB
  * apart (ln_ops.h's back_group_size). At the AVX2 level, eight such rows
@@ -2210,8 +2212,6 @@ static inline float ln_group_get(const void *row, size_t i, int kind)
 #define LN_BACK_ALIASED_GROUP 4
 #endif
 #define LN_BACK_ALIASED_ROW_MIN 16384
-_Static_assert(LN_GROUP_STEP % 8 == 0 && 16 % LN_GROUP_STEP == 0,
-               "a step is whole sets of eight features, at most one ask for the next group");
 
 /* Features [i, i + 8 * nh) of the group's m records (nh sets of eight):
  * their dx with apply, and their terms summed in registers, then added to
